@@ -1,0 +1,388 @@
+"""Split-K decode projection for Hopper (sm_90a), written in the CuTe DSL.
+
+Computes ``out[m, n] = sum_k x[m, k] * W[n, k]`` (``out = x @ W^T``) for a small
+padded batch ``M`` and a large BF16/FP16 weight ``W[N, K]``.
+
+At decode the batch is tiny, so the product is bound by streaming ``W`` from HBM
+once. The kernel is shaped around that:
+
+* Swap AB: the weight is wgmma's A operand (its rows fill the instruction's
+  M = 64) and the activations are B (the batch is wgmma's N, 8..256), so a
+  batch of 1 wastes no weight bandwidth on padding.
+* Weight tiles arrive by TMA through a descriptor that lives in device memory
+  (built once per weight), with the L2 hint EVICT_FIRST: each weight byte is
+  used once per step and must not push activations or KV out of L2.
+  Activation tiles arrive by TMA with EVICT_LAST: every CTA re-reads them.
+* A producer warp keeps ``stages`` tiles in flight through an mbarrier
+  pipeline; one consumer warpgroup per 64 weight rows issues wgmma.
+* Split K across the ``split`` CTAs of a thread-block cluster (short N, long K
+  needs more CTAs than N tiles to fill 132 SMs). Partial sums are reduced
+  through distributed shared memory in a fixed rank order: no atomics, no
+  workspace, no memset, and bitwise-identical results run to run.
+"""
+
+import math
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.experimental.primitives import nvvm_wrapper as nvvm
+
+# TMA L2 cache-policy descriptors (createpolicy.fractional, fraction 1.0).
+EVICT_FIRST = 0x12F0000000000000
+EVICT_LAST = 0x14F0000000000000
+
+TILE_K = 64  # 64 16-bit elements = one 128-byte swizzle row
+WGMMA_ROWS = 64  # weight rows per consumer warpgroup (wgmma M)
+WEIGHT_ROWS = (64, 128)
+ACTIVATION_ROWS = (8, 16, 32, 64, 128, 256)
+SPLITS = (1, 2, 4, 8)  # portable cluster sizes
+SMEM_CAPACITY = 227 * 1024  # sm_90 opt-in shared memory per block
+BARRIER_BYTES = 1024  # mbarriers, rounded up to the 1024-byte tile alignment
+
+
+@dataclass(frozen=True)
+class SplitKTactic:
+    """One kernel configuration: weight rows per CTA, activation rows per CTA, split K, stages."""
+
+    weight_rows: int
+    activation_rows: int
+    split: int
+    stages: int
+
+    @property
+    def consumer_groups(self) -> int:
+        """Consumer warpgroups: one per 64 weight rows."""
+        return self.weight_rows // WGMMA_ROWS
+
+    @property
+    def threads(self) -> int:
+        """Consumer warpgroups plus one producer warp."""
+        return 128 * self.consumer_groups + 32
+
+    @property
+    def stage_bytes(self) -> int:
+        """Shared memory of one pipeline stage: a weight tile and an activation tile."""
+        return (self.weight_rows + self.activation_rows) * TILE_K * 2
+
+    @property
+    def partials_per_thread(self) -> int:
+        """FP32 accumulators each consumer thread holds (64 x rows wgmma over 128 threads)."""
+        return self.activation_rows // 2
+
+    @property
+    def reduction_bytes(self) -> int:
+        """Shared memory the split-K reduction needs; it reuses the pipeline buffers."""
+        if self.split == 1:
+            return 0
+        per_rank = math.ceil(self.partials_per_thread / self.split)
+        return self.split * per_rank * 128 * self.consumer_groups * 4
+
+    @property
+    def smem_bytes(self) -> int:
+        """Shared memory per CTA."""
+        return BARRIER_BYTES + self.stages * self.stage_bytes
+
+    def problems(self) -> list[str]:
+        """Why this tactic cannot run (empty when it can): the one validity predicate."""
+        found = []
+        if self.weight_rows not in WEIGHT_ROWS:
+            found.append(f"weight rows {self.weight_rows} not in {WEIGHT_ROWS}")
+        if self.activation_rows not in ACTIVATION_ROWS:
+            found.append(f"activation rows {self.activation_rows} not in {ACTIVATION_ROWS}")
+        if self.split not in SPLITS:
+            found.append(f"split {self.split} not in {SPLITS}")
+        if self.stages < 2:
+            found.append(f"stages {self.stages} < 2")
+        if found:
+            return found
+        if self.smem_bytes > SMEM_CAPACITY:
+            found.append(f"{self.smem_bytes} B of shared memory > {SMEM_CAPACITY}")
+        if self.reduction_bytes > self.stages * self.stage_bytes:
+            found.append(
+                f"split-K reduction needs {self.reduction_bytes} B, more than the "
+                f"{self.stages * self.stage_bytes} B of pipeline buffers it reuses"
+            )
+        return found
+
+    @property
+    def valid(self) -> bool:
+        """True when the kernel can be built and launched with this tactic."""
+        return not self.problems()
+
+
+def as_tactic(tactic) -> SplitKTactic:
+    """A SplitKTactic from a tactic or a (weight rows, activation rows, split, stages) tuple."""
+    tactic = tactic if isinstance(tactic, SplitKTactic) else SplitKTactic(*tactic)
+    problems = tactic.problems()
+    if problems:
+        raise ValueError(f"invalid split-K tactic {tactic}: {'; '.join(problems)}")
+    return tactic
+
+
+def max_stages(weight_rows: int, activation_rows: int, split: int) -> int:
+    """The deepest pipeline that fits in shared memory."""
+    probe = SplitKTactic(weight_rows, activation_rows, split, 1)
+    return (SMEM_CAPACITY - BARRIER_BYTES) // probe.stage_bytes
+
+
+class SplitKGemm:
+    """out (N, M, 1), N-major = weight (N, K, 1) K-major x activations (M, K, 1) K-major.
+
+    Contracts: K % 8 == 0 and 16-byte row pitches for weight and activations
+    (TMA); the weight descriptor has box {64, weight_rows} with 128-byte swizzle;
+    any N and M (ragged tiles are zero-filled on load and masked on store);
+    the output needs only unit stride along N.
+    """
+
+    def __init__(self, tactic: SplitKTactic):
+        self.tactic = as_tactic(tactic)
+        self.producer_warp = 4 * self.tactic.consumer_groups
+        self.consumer_threads = 128 * self.tactic.consumer_groups
+
+    @cute.jit
+    def __call__(
+        self,
+        weight: cute.Tensor,
+        activations: cute.Tensor,
+        out: cute.Tensor,
+        weight_map: cutlass.Int64,
+        stream,
+    ):
+        t = self.tactic
+        operand = weight.element_type
+        if cutlass.const_expr(activations.element_type != operand):
+            raise TypeError(f"activations {activations.element_type} != weight {operand}")
+        tile_mnk = (t.weight_rows, t.activation_rows, TILE_K)
+        tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            operand,
+            operand,
+            cute.nvgpu.OperandMajorMode.K,
+            cute.nvgpu.OperandMajorMode.K,
+            cutlass.Float32,
+            (t.consumer_groups, 1, 1),
+            tiler_mn=(WGMMA_ROWS, t.activation_rows),
+        )
+        k_major = utils.LayoutEnum.ROW_MAJOR
+        weight_smem = sm90_utils.make_smem_layout_a(k_major, tile_mnk, operand, t.stages)
+        act_smem = sm90_utils.make_smem_layout_b(k_major, tile_mnk, operand, t.stages)
+        act_tma, act_coords = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(),
+            activations,
+            cute.slice_(act_smem, (None, None, 0)),
+            (t.activation_rows, TILE_K),
+        )
+
+        @cute.struct
+        class SharedStorage:
+            barriers: cute.struct.MemRange[cutlass.Int64, 2 * t.stages]
+            reduction_barrier: cute.struct.MemRange[cutlass.Int64, 1]
+            weight_tiles: cute.struct.Align[
+                cute.struct.MemRange[operand, cute.cosize(weight_smem)], 1024
+            ]
+            act_tiles: cute.struct.Align[
+                cute.struct.MemRange[operand, cute.cosize(act_smem)], 1024
+            ]
+
+        self.shared_storage = SharedStorage
+        n_tiles = cute.ceil_div(weight.shape[0], t.weight_rows)
+        m_tiles = cute.ceil_div(activations.shape[0], t.activation_rows)
+        self.kernel(
+            tiled_mma, act_tma, act_coords, weight_smem, act_smem, weight, out, weight_map
+        ).launch(
+            grid=(n_tiles * t.split, m_tiles, 1),
+            block=(t.threads, 1, 1),
+            cluster=(t.split, 1, 1),
+            stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(
+        self,
+        tiled_mma: cute.TiledMma,
+        act_tma: cute.CopyAtom,
+        act_coords: cute.Tensor,
+        weight_smem: cute.ComposedLayout,
+        act_smem: cute.ComposedLayout,
+        weight: cute.Tensor,
+        out: cute.Tensor,
+        weight_map: cutlass.Int64,
+    ):
+        t = self.tactic
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, m_tile, _ = cute.arch.block_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        n_tile = bidx // t.split
+
+        # This CTA's contiguous slice of the K tiles; the last ranks may get none.
+        k_tiles = cute.ceil_div(weight.shape[1], TILE_K)
+        per_rank = cute.ceil_div(k_tiles, t.split)
+        k_begin = rank * per_rank
+        k_count = cutlass.max(cutlass.min(per_rank, k_tiles - k_begin), 0)
+
+        storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
+        if cutlass.const_expr(t.split > 1):
+            if tidx == 0:
+                # Peers signal this barrier remotely; the pipeline's init sync and
+                # the reduction's cluster barrier publish it before any signal.
+                cute.arch.mbarrier_init(storage.reduction_barrier.data_ptr(), 1)
+                cute.arch.mbarrier_init_fence()
+        weight_tile_elems = t.weight_rows * TILE_K
+        tiles = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.barriers.data_ptr(),
+            num_stages=t.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(
+                pipeline.Agent.Thread, self.consumer_threads // 32
+            ),
+            tx_count=t.stage_bytes,
+            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+        )
+        s_weight = storage.weight_tiles.get_tensor(weight_smem.outer, swizzle=weight_smem.inner)
+        s_act = storage.act_tiles.get_tensor(act_smem.outer, swizzle=act_smem.inner)
+
+        if warp == self.producer_warp:
+            g_act = cute.local_tile(
+                act_coords, tile_mnk_of(t), (n_tile, m_tile, None, 0), proj=(None, 1, 1)
+            )
+            t_act_smem, t_act_global = cpasync.tma_partition(
+                act_tma,
+                0,
+                cute.make_layout(1),
+                cute.group_modes(s_act, 0, 2),
+                cute.group_modes(g_act, 0, 2),
+            )
+            descriptor = cute.make_ptr(
+                cutlass.Int8, weight_map, cute.AddressSpace.generic, assumed_align=128
+            )
+            # The map was written by a host copy: acquire it for the tensormap proxy.
+            nvvm.fence_proxy_acquire("gpu", descriptor, 128)
+            if nvvm.elect_sync():
+                nvvm.prefetch_tensormap(descriptor)
+            cpasync.prefetch_descriptor(act_tma)
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, t.stages)
+            weight_row = n_tile * t.weight_rows
+            for i in cutlass.range(k_count, unroll=1):
+                tiles.producer_acquire(state)
+                k_tile = k_begin + i
+                barrier = tiles.producer_get_barrier(state)
+                if nvvm.elect_sync():
+                    nvvm.cp_async_bulk_tensor_shared_cta_global(
+                        storage.weight_tiles.data_ptr() + state.index * weight_tile_elems,
+                        descriptor,
+                        [k_tile * TILE_K, weight_row],
+                        barrier,
+                        l2_cache_hint=EVICT_FIRST,
+                    )
+                cute.copy(
+                    act_tma,
+                    t_act_global[(None, k_tile)],
+                    t_act_smem[(None, state.index)],
+                    tma_bar_ptr=barrier,
+                    cache_policy=cutlass.Int64(EVICT_LAST),
+                )
+                tiles.producer_commit(state)
+                state.advance()
+            if cutlass.const_expr(t.split > 1):
+                # The reduction's cluster barrier counts every thread.
+                cute.arch.cluster_arrive()
+                cute.arch.cluster_wait()
+        else:
+            group = warp // 4
+            mma_group = tiled_mma.get_slice(group * 128)
+            frag_weight = tiled_mma.make_fragment_A(mma_group.partition_A(s_weight))
+            frag_act = tiled_mma.make_fragment_B(mma_group.partition_B(s_act))
+            acc = cute.make_rmem_tensor(
+                mma_group.partition_shape_C((t.weight_rows, t.activation_rows)),
+                cutlass.Float32,
+            )
+            acc.fill(0.0)
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+            k_blocks = cute.size(frag_weight, mode=[2])
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.stages)
+            for _ in cutlass.range(k_count, unroll=1):
+                tiles.consumer_wait(state)
+                warpgroup.fence()
+                for kb in cutlass.range_constexpr(k_blocks):
+                    cute.gemm(
+                        tiled_mma,
+                        acc,
+                        frag_weight[(None, None, kb, state.index)],
+                        frag_act[(None, None, kb, state.index)],
+                        acc,
+                    )
+                warpgroup.commit_group()
+                warpgroup.wait_group(0)
+                tiles.consumer_release(state)
+                state.advance()
+
+            # Each accumulator's (weight row, activation row) in this CTA's tile.
+            coords = tiled_mma.get_slice(tidx).partition_C(
+                cute.make_identity_tensor((t.weight_rows, t.activation_rows))
+            )
+            row0 = n_tile * t.weight_rows
+            col0 = m_tile * t.activation_rows
+            rows, cols = out.shape[0], out.shape[1]
+            if cutlass.const_expr(t.split == 1):
+                for r in cutlass.range_constexpr(cute.size(acc)):
+                    n, m = coords[r]
+                    if row0 + n < rows and col0 + m < cols:
+                        out[row0 + n, col0 + m, 0] = acc[r].to(out.element_type)
+            else:
+                self.reduce_across_cluster(acc, coords, rank, storage, out, row0, col0)
+
+    @cute.jit
+    def reduce_across_cluster(self, acc, coords, rank, storage, out, row0, col0):
+        """Sum the split partials through DSMEM in rank order; each rank stores a share.
+
+        Accumulator ``r`` of every thread is owned by rank ``r % split``: each CTA
+        sends it with ``st.async`` to slot ``[rank][r // split][thread]`` of the
+        owner's buffer (which reuses the drained pipeline tiles); the owner waits
+        on its mbarrier for every byte, then adds the ``split`` slots in rank
+        order, so the sum never depends on timing.
+        """
+        t = self.tactic
+        tidx, _, _ = cute.arch.thread_idx()
+        per_rank = math.ceil(t.partials_per_thread / t.split)
+        buffer = cute.recast_ptr(storage.weight_tiles.data_ptr(), dtype=cutlass.Float32)
+        slot = cute.make_layout(
+            (self.consumer_threads, per_rank, t.split),
+            stride=(1, self.consumer_threads, self.consumer_threads * per_rank),
+        )
+        arrived = storage.reduction_barrier.data_ptr()
+        if tidx == 0:
+            owned = cutlass.max(t.partials_per_thread - rank + t.split - 1, 0) // t.split
+            cute.arch.mbarrier_arrive_and_expect_tx(
+                arrived, owned * t.split * self.consumer_threads * 4
+            )
+        # Every CTA of the cluster must be done reading its pipeline tiles
+        # before any peer overwrites them with partial sums.
+        cute.arch.cluster_arrive()
+        cute.arch.cluster_wait()
+        bits = cute.recast_tensor(acc, cutlass.Int32)
+        for r in cutlass.range_constexpr(t.partials_per_thread):
+            cute.arch.store_async_dsmem(
+                buffer + slot((tidx, r // t.split, rank)), bits[r], arrived, r % t.split
+            )
+        cute.arch.mbarrier_wait(arrived, 0)
+        sums = cute.make_tensor(buffer, slot)
+        rows, cols = out.shape[0], out.shape[1]
+        for i in cutlass.range_constexpr(per_rank):
+            r = i * t.split + rank
+            if r < t.partials_per_thread:
+                total = sums[tidx, i, 0]
+                for s in cutlass.range_constexpr(1, t.split):
+                    total = total + sums[tidx, i, s]
+                n, m = coords[r]
+                if row0 + n < rows and col0 + m < cols:
+                    out[row0 + n, col0 + m, 0] = total.to(out.element_type)
+
+
+def tile_mnk_of(tactic: SplitKTactic) -> tuple[int, int, int]:
+    """The CTA tile (weight rows, activation rows, K) of a tactic."""
+    return (tactic.weight_rows, tactic.activation_rows, TILE_K)
