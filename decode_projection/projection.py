@@ -1,0 +1,206 @@
+"""Prepared split-K projections: ``out = x @ weight^T`` for padded decode batches.
+
+A projection is prepared once per weight: every padded batch in its policy
+table gets compiled code (from a cache keyed on code only, so every weight of
+every shape shares it) and the weight's TMA descriptor for that tactic's tile
+height, stored in device memory next to the weight. ``run`` then validates its
+arguments on the host and launches; it allocates nothing, never synchronizes
+and can be captured in a CUDA graph.
+"""
+
+import threading
+from functools import cache
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+from .runtime import architecture, current_stream, tensor_maps, to_cute
+from .splitk import TILE_K, SplitKGemm, as_tactic
+
+WEIGHT_DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
+OUTPUT_DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float32: cutlass.Float32}
+TMA_ALIGN = 16  # bytes: TMA base address and row pitch granularity
+
+# cute.compile is not thread-safe.
+_compile_lock = threading.Lock()
+
+
+@cache
+def compile_projection(tactic, output_dtype, arch, weight_dtype=torch.bfloat16):
+    """Code-only cache; weights, descriptors and activation pointers stay private."""
+    operand = WEIGHT_DTYPES[weight_dtype]
+
+    def fake(dtype, *, output):
+        # Extents and the row pitch are runtime symbols: one kernel serves every
+        # weight, batch and buffer. TMA operands promise 16-byte pitches.
+        shape = tuple(cute.sym_int() for _ in range(3))
+        pitch = cute.sym_int64(divisibility=1 if output else TMA_ALIGN // 2)
+        stride = (1, pitch, 0) if output else (pitch, 1, 0)
+        return make_fake_tensor(dtype, shape, stride, assumed_align=TMA_ALIGN)
+
+    kernel = SplitKGemm(as_tactic(tactic))
+    args = (
+        fake(operand, output=False),
+        fake(operand, output=False),
+        fake(OUTPUT_DTYPES[output_dtype], output=True),
+        cutlass.Int64(0),
+        make_fake_stream(),
+    )
+    with _compile_lock:
+        return cute.compile(kernel, *args, options=f"--gpu-arch={arch}")
+
+
+def matrix_view(tensor, *, output=False):
+    """Keep packed row pitches and a singleton-safe dynamic major axis.
+
+    Operands are viewed as (rows, cols, 1) K-major; the output as (cols, rows, 1),
+    the transposed view the swapped-AB kernel writes. The major axis is named
+    explicitly because a batch of 1 has a size-1 dimension whose stride PyTorch
+    reports as 1, which would defeat leading-dimension deduction.
+    """
+    rows, cols = tensor.shape
+    # A single row's pitch is never used, and PyTorch may report any stride there.
+    pitch = tensor.stride(0) if rows > 1 else -(-cols // 8) * 8
+    shape = (cols, rows, 1) if output else (rows, cols, 1)
+    stride = (1, pitch, 0) if output else (pitch, 1, 0)
+    result = to_cute(tensor.as_strided(shape, stride))
+    return result.mark_layout_dynamic(leading_dim=0 if output else 1)
+
+
+def weight_map(weight, rows):
+    """Device TMA map of ``weight`` [N, K] (row pitch kept): box {64, rows}, SW128."""
+    types = cuda.CUtensorMapDataType
+    dtype = {
+        torch.bfloat16: types.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        torch.float16: types.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+    }[weight.dtype]
+    swizzle = cuda.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B
+    l2 = cuda.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+    n, k = weight.shape
+    pitch = weight.stride(0) * weight.element_size()
+    spec = (weight.data_ptr(), dtype, (k, n), (pitch,), (TILE_K, rows), swizzle, l2)
+    return tensor_maps([spec], weight.device)
+
+
+def _describe(tensor):
+    """Shape, dtype, strides and device of a tensor, for error messages."""
+    return f"{tuple(tensor.shape)} {tensor.dtype} strides {tensor.stride()} on {tensor.device}"
+
+
+def _overlaps(a, b):
+    """Whether two tensors' byte ranges intersect."""
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    a1 = a0 + (a.shape[0] - 1) * a.stride(0) * a.element_size() + a.shape[1] * a.element_size()
+    b1 = b0 + (b.shape[0] - 1) * b.stride(0) * b.element_size() + b.shape[1] * b.element_size()
+    return a0 < b1 and b0 < a1
+
+
+class PreparedProjection:
+    """Split-K projection with a per-batch tactic table and caller-owned outputs."""
+
+    def __init__(self, weight, policies, *, output_dtype=torch.bfloat16):
+        if not isinstance(weight, torch.Tensor):
+            raise TypeError(f"projection weight must be a torch.Tensor, got {type(weight)}")
+        if weight.dim() != 2 or weight.dtype not in WEIGHT_DTYPES:
+            raise ValueError(
+                f"projection weight must be a BF16/FP16 [N, K] matrix, got "
+                f"{tuple(weight.shape)} {weight.dtype}"
+            )
+        pitch = weight.stride(0) * weight.element_size()
+        if weight.stride(1) != 1 or pitch % TMA_ALIGN or weight.data_ptr() % TMA_ALIGN:
+            raise ValueError(
+                "projection weight rows need unit stride and a 16 B TMA pitch, got "
+                + _describe(weight)
+            )
+        if min(weight.shape) == 0:
+            raise ValueError(f"projection weight is empty: {_describe(weight)}")
+        if output_dtype not in OUTPUT_DTYPES:
+            raise ValueError(f"unsupported projection output dtype {output_dtype}")
+        self.weight, self.device = weight, weight.device
+        self.output_dtype = output_dtype
+        self.policies = {}
+        for batch, tactic in dict(policies).items():
+            if not isinstance(batch, int) or batch < 1:
+                raise ValueError(f"policy batch must be a positive int, got {batch!r}")
+            self.policies[batch] = as_tactic(tactic)
+        self.kernels, self.extra, self.maps = {}, {}, {}
+        self._prepared_storage = None
+
+    def prepare(self):
+        """Compile (or fetch) each batch's kernel and build the weight's device TMA maps."""
+        arch, dtype = architecture(self.device), self.output_dtype
+        with torch.cuda.device(self.device):
+            for batch, tactic in self.policies.items():
+                code = compile_projection(tactic, dtype, arch, self.weight.dtype)
+                self.kernels[batch] = code
+                self.extra[batch] = self.weight_map(tactic.weight_rows)
+        self.weight_view = matrix_view(self.weight)
+        self._prepared_storage = self._storage(self.weight)
+        return self
+
+    def weight_map(self, rows):
+        """The kernel's extra argument: A's map for ``rows``-row tiles."""
+        if rows not in self.maps:
+            self.maps[rows] = weight_map(self.weight, rows)
+        return (cutlass.Int64(self.maps[rows].data_ptr()),)
+
+    @staticmethod
+    def _storage(weight):
+        """What the prepared descriptors baked in about the weight."""
+        return (weight.data_ptr(), tuple(weight.shape), weight.stride(), weight.dtype, weight.device)
+
+    def _check(self, x, out):
+        """Raise a TypeError/ValueError naming whatever about x or out the kernel cannot take."""
+        for name, tensor in (("input", x), ("output", out)):
+            if not isinstance(tensor, torch.Tensor):
+                raise TypeError(f"projection {name} must be a torch.Tensor, got {type(tensor)}")
+            if tensor.dim() != 2:
+                raise ValueError(f"projection {name} must be 2-D, got {_describe(tensor)}")
+            if tensor.device != self.device:
+                raise ValueError(
+                    f"projection {name} is on {tensor.device}, the weight on {self.device}"
+                )
+            if tensor.stride(1) != 1:
+                raise ValueError(f"projection {name} rows need unit stride, got {_describe(tensor)}")
+        if self._prepared_storage is None:
+            raise ValueError("projection is not prepared: call prepare() first")
+        if self._storage(self.weight) != self._prepared_storage:
+            raise ValueError(
+                "projection weight storage changed after prepare(): "
+                f"{_describe(self.weight)}; prepare a new projection"
+            )
+        n, k = self.weight.shape
+        batch = x.shape[0]
+        if batch not in self.kernels or x.shape[1] != k:
+            raise ValueError(
+                f"projection input {tuple(x.shape)}: prepared batches "
+                f"{sorted(self.kernels)}, K {k}"
+            )
+        if x.dtype != self.weight.dtype:
+            raise ValueError(f"projection input dtype {x.dtype} != weight dtype {self.weight.dtype}")
+        pitch = x.stride(0) * x.element_size() if batch > 1 else 0
+        if pitch % TMA_ALIGN or x.data_ptr() % TMA_ALIGN:
+            raise ValueError(
+                f"projection input needs a 16 B aligned base and row pitch, got {_describe(x)}"
+            )
+        if out.data_ptr() % TMA_ALIGN:
+            raise ValueError(f"projection output needs a 16 B aligned base, got {_describe(out)}")
+        if out.dtype != self.output_dtype:
+            raise ValueError(f"projection output dtype {out.dtype} != {self.output_dtype}")
+        if tuple(out.shape) != (batch, n):
+            raise ValueError(f"projection output must be {(batch, n)}, got {_describe(out)}")
+        if out.stride(0) < n and batch > 1:
+            raise ValueError(f"projection output rows overlap: {_describe(out)}")
+        if _overlaps(out, x) or _overlaps(out, self.weight):
+            raise ValueError("projection output overlaps its input or weight")
+
+    def run(self, x, out):
+        """Launch ``out = x @ weight^T`` on the weight device's current stream; returns ``out``."""
+        self._check(x, out)
+        batch = x.shape[0]
+        code, extra = self.kernels[batch], self.extra[batch]
+        code(self.weight_view, matrix_view(x), matrix_view(out, output=True), *extra, current_stream(self.device))
+        return out

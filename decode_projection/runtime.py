@@ -1,0 +1,224 @@
+"""Host glue between PyTorch, the CUDA driver and CuTe DSL compiled kernels.
+
+The projection kernel is compiled once per tactic against fake tensors and then
+launched many times on real ones, so everything that crosses the host/device
+boundary at launch or prepare time lives here, in one place:
+
+- ``architecture``: which GPU target a device needs; the kernel is wgmma/TMA
+  code for ``sm_90a`` only, so anything but compute capability 9.0 is refused
+  up front instead of failing inside the compiler or at launch.
+- ``current_stream``: the caller's current torch stream as the driver handle a
+  compiled function takes, so launches follow the caller's stream (and CUDA
+  graph capture) without a host sync.
+- ``to_cute``: an explicit torch -> CuTe tensor conversion. Handing a
+  ``torch.Tensor`` straight to a compiled function goes through an adapter
+  whose argument struct may silently differ from what was compiled.
+- ``encode_tensor_map`` / ``tensor_maps``: TMA descriptors encoded on the host
+  and copied into one device buffer, because the kernel reads its weight map
+  from global memory (a 128-byte, 128-byte-aligned ``CUtensorMap``).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Iterable, NamedTuple
+
+import torch
+from cuda.bindings import driver
+
+import cutlass.cute.runtime as cute_runtime
+
+try:  # cuda-bindings 13 loads libcuda through cuda-pathfinder, lazily
+    from cuda.pathfinder import DynamicLibNotFoundError as _DriverMissing
+except ImportError:  # older bindings fail at import time instead
+    _DriverMissing = ()
+
+# Hopper's wgmma and the bulk tensor copy exist only in the arch-specific
+# "a" target; plain sm_90 code cannot use them.
+SUPPORTED_ARCHITECTURES = {(9, 0): "sm_90a"}
+
+# A CUtensorMap is an opaque 128-byte object; in global memory it must sit on
+# a 128-byte boundary for the kernel's descriptor fetch.
+TENSOR_MAP_BYTES = 128
+TENSOR_MAP_ALIGNMENT = 128
+
+_DATA_TYPE = driver.CUtensorMapDataType
+# Element sizes for the types whose box rules we check before calling the
+# driver; packed sub-byte types are left to the driver to judge.
+_ELEMENT_BYTES = {
+    _DATA_TYPE.CU_TENSOR_MAP_DATA_TYPE_UINT8: 1,
+    _DATA_TYPE.CU_TENSOR_MAP_DATA_TYPE_UINT16: 2,
+    _DATA_TYPE.CU_TENSOR_MAP_DATA_TYPE_UINT32: 4,
+    _DATA_TYPE.CU_TENSOR_MAP_DATA_TYPE_INT32: 4,
+    _DATA_TYPE.CU_TENSOR_MAP_DATA_TYPE_UINT64: 8,
+    _DATA_TYPE.CU_TENSOR_MAP_DATA_TYPE_INT64: 8,
+    _DATA_TYPE.CU_TENSOR_MAP_DATA_TYPE_FLOAT16: 2,
+    _DATA_TYPE.CU_TENSOR_MAP_DATA_TYPE_FLOAT32: 4,
+    _DATA_TYPE.CU_TENSOR_MAP_DATA_TYPE_FLOAT64: 8,
+    _DATA_TYPE.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16: 2,
+    _DATA_TYPE.CU_TENSOR_MAP_DATA_TYPE_FLOAT32_FTZ: 4,
+    _DATA_TYPE.CU_TENSOR_MAP_DATA_TYPE_TFLOAT32: 4,
+    _DATA_TYPE.CU_TENSOR_MAP_DATA_TYPE_TFLOAT32_FTZ: 4,
+}
+
+_SWIZZLE = driver.CUtensorMapSwizzle
+# With a swizzle, the box's inner extent in bytes may not exceed the swizzle
+# span (CUDA driver API, cuTensorMapEncodeTiled).
+_SWIZZLE_SPAN = {
+    _SWIZZLE.CU_TENSOR_MAP_SWIZZLE_32B: 32,
+    _SWIZZLE.CU_TENSOR_MAP_SWIZZLE_64B: 64,
+    _SWIZZLE.CU_TENSOR_MAP_SWIZZLE_128B: 128,
+}
+
+
+class TensorMapSpec(NamedTuple):
+    """One tiled TMA descriptor; a plain 7-tuple in this order works as well."""
+
+    global_address: int
+    dtype: driver.CUtensorMapDataType
+    dims: tuple[int, ...]  # elements per dimension, innermost first
+    strides_bytes: tuple[int, ...]  # byte strides of dims[1:], rank - 1 entries
+    box: tuple[int, ...]  # elements per dimension copied by one TMA
+    swizzle: driver.CUtensorMapSwizzle
+    l2_promotion: driver.CUtensorMapL2promotion
+
+
+def architecture(device) -> str:
+    """The CuTe DSL ``--gpu-arch`` for ``device``; only Hopper (9.0) is supported."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(
+            f"decode_projection runs on CUDA devices (Hopper, sm_90a), got {device}"
+        )
+    capability = tuple(torch.cuda.get_device_capability(device))
+    if capability not in SUPPORTED_ARCHITECTURES:
+        major, minor = capability
+        raise ValueError(
+            f"device {device} has compute capability {major}.{minor}; the "
+            f"projection kernel uses wgmma and TMA and needs sm_90a "
+            f"(compute capability 9.0, H100/H200)"
+        )
+    return SUPPORTED_ARCHITECTURES[capability]
+
+
+def current_stream(device) -> driver.CUstream:
+    """The torch current stream of ``device`` as the ``CUstream`` a compiled function takes."""
+    # Only wraps the raw handle: no synchronization, so it is safe inside a
+    # CUDA graph capture, where the current stream is the capturing one.
+    return driver.CUstream(torch.cuda.current_stream(device).cuda_stream)
+
+
+def to_cute(tensor: torch.Tensor):
+    """``tensor`` as a CuTe tensor via DLPack, promising the kernel 16-byte alignment."""
+    # assumed_align=16 lets the compiler emit 16-byte vector accesses and TMA;
+    # it is a promise, so a misaligned pointer must be refused here rather
+    # than turn into a misaligned-address fault or wrong data on the GPU.
+    if tensor.data_ptr() % 16:
+        raise ValueError(
+            f"tensor data pointer {tensor.data_ptr():#x} is not 16-byte aligned "
+            f"(shape {tuple(tensor.shape)}, dtype {tensor.dtype})"
+        )
+    return cute_runtime.from_dlpack(tensor, assumed_align=16)
+
+
+def _check_spec(spec: TensorMapSpec) -> None:
+    """Reject specs the driver would refuse, with a message naming the field."""
+    rank = len(spec.dims)
+    if not 1 <= rank <= 5:
+        raise ValueError(f"tensor map rank must be 1..5, got dims {spec.dims}")
+    if len(spec.box) != rank or len(spec.strides_bytes) != rank - 1:
+        raise ValueError(
+            f"tensor map needs {rank} box entries and {rank - 1} byte strides, "
+            f"got box {spec.box} and strides {spec.strides_bytes}"
+        )
+    if spec.global_address % 16:
+        raise ValueError(
+            f"tensor map global address {spec.global_address:#x} is not 16-byte aligned"
+        )
+    if any(not 0 < d <= 2**32 for d in spec.dims):
+        raise ValueError(f"tensor map dims must be in 1..2^32, got {spec.dims}")
+    if any(s % 16 or not 0 < s < 2**40 for s in spec.strides_bytes):
+        raise ValueError(
+            f"tensor map strides must be positive multiples of 16 bytes below "
+            f"2^40, got {spec.strides_bytes}"
+        )
+    if any(not 0 < b <= 256 for b in spec.box):
+        raise ValueError(f"tensor map box entries must be in 1..256, got {spec.box}")
+    element = _ELEMENT_BYTES.get(spec.dtype)
+    if element is None:
+        return
+    inner = spec.box[0] * element
+    if inner % 16:
+        raise ValueError(
+            f"tensor map box inner extent is {inner} bytes; it must be a multiple of 16"
+        )
+    span = _SWIZZLE_SPAN.get(spec.swizzle)
+    if span is not None and inner > span:
+        raise ValueError(
+            f"tensor map box inner extent is {inner} bytes, more than the "
+            f"{span}-byte swizzle span of {spec.swizzle.name}"
+        )
+
+
+def encode_tensor_map(spec) -> bytes:
+    """Encode one tiled TMA descriptor on the host; returns its 128 bytes."""
+    spec = TensorMapSpec(*spec)
+    _check_spec(spec)
+    rank = len(spec.dims)
+    try:
+        result, tensor_map = driver.cuTensorMapEncodeTiled(
+            spec.dtype,
+            rank,
+            spec.global_address,
+            [driver.cuuint64_t(d) for d in spec.dims],
+            [driver.cuuint64_t(s) for s in spec.strides_bytes],
+            [driver.cuuint32_t(b) for b in spec.box],
+            # Unit element strides: every element of the box is loaded.
+            [driver.cuuint32_t(1)] * rank,
+            driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            spec.swizzle,
+            spec.l2_promotion,
+            # Out-of-bounds elements read as zeros: the K tail and the rows past
+            # a ragged N or batch then add nothing to the sums.
+            driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    except _DriverMissing as error:
+        # Encoding is host-only work, but it lives in libcuda: without an
+        # NVIDIA driver the first driver call fails while loading the library.
+        raise RuntimeError(
+            "cuTensorMapEncodeTiled needs the NVIDIA driver (libcuda), which "
+            f"could not be loaded here: {error}"
+        ) from error
+    if result != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(
+            f"cuTensorMapEncodeTiled failed with {result.name} for {spec}"
+        )
+    # The descriptor is 16 opaque 64-bit words; the device reads them in
+    # little-endian order, as the host wrote them.
+    return struct.pack("<16Q", *tensor_map.opaque)
+
+
+def tensor_maps(specs: Iterable, device) -> torch.Tensor:
+    """Encode ``specs`` and copy them into one 128-byte-aligned device buffer.
+
+    Returns a uint8 view whose ``data_ptr()`` is the first map; map ``i`` is at
+    ``data_ptr() + 128 * i``. Keep the view alive while any kernel may read it:
+    it holds the underlying allocation.
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"tensor maps live in CUDA memory, got device {device}")
+    blobs = [encode_tensor_map(spec) for spec in specs]
+    if not blobs:
+        raise ValueError("tensor_maps needs at least one spec")
+    size = TENSOR_MAP_BYTES * len(blobs)
+    # The caching allocator's alignment is an implementation detail; asking
+    # for 128 spare bytes and slicing makes the alignment ours to guarantee.
+    buffer = torch.empty(size + TENSOR_MAP_ALIGNMENT, dtype=torch.uint8, device=device)
+    offset = -buffer.data_ptr() % TENSOR_MAP_ALIGNMENT
+    maps = buffer[offset : offset + size]
+    host = torch.frombuffer(bytearray(b"".join(blobs)), dtype=torch.uint8)
+    # A blocking copy: it runs at prepare() time, and once it returns the
+    # descriptors are in place for launches on any stream, graphs included.
+    maps.copy_(host)
+    return maps

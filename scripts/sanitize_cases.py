@@ -1,0 +1,21 @@
+"""A few small projections for compute-sanitizer (memcheck, racecheck): split 1, 2 and 8."""
+
+import torch
+
+from decode_projection import PreparedProjection, SplitKTactic
+from tests.checks import assert_close_to_reference
+
+CASES = [
+    (SplitKTactic(64, 8, 1, 4), 200, 1000, 5),
+    (SplitKTactic(128, 32, 2, 4), 300, 1544, 40),
+    (SplitKTactic(64, 16, 8, 3), 136, 520, 16),
+]
+
+for tactic, n, k, batch in CASES:
+    weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(batch, k, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((batch, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    PreparedProjection(weight, {batch: tactic}).prepare().run(x, out)
+    torch.cuda.synchronize()
+    error = assert_close_to_reference(out, x, weight, label=str(tactic))
+    print(f"{tactic}: relative error {error:.2e}")

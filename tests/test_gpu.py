@@ -1,0 +1,143 @@
+"""GPU tests on a Hopper GPU: every tactic of the grid against a float64 reference."""
+
+import itertools
+
+import pytest
+import torch
+
+from decode_projection import PreparedProjection, SplitKTactic
+from decode_projection.splitk import ACTIVATION_ROWS, SPLITS, WEIGHT_ROWS, max_stages
+from tests.checks import assert_close_to_reference
+
+pytestmark = pytest.mark.gpu
+
+GRID = [
+    SplitKTactic(rows, acts, split, min(4, max_stages(rows, acts, split)))
+    for rows, acts, split in itertools.product(WEIGHT_ROWS, ACTIVATION_ROWS, SPLITS)
+]
+# The deepest pipelines, where shared memory is nearly full.
+GRID += [SplitKTactic(64, 8, 4, max_stages(64, 8, 4)), SplitKTactic(128, 64, 2, max_stages(128, 64, 2))]
+DTYPES = [
+    (torch.bfloat16, torch.bfloat16),
+    (torch.float16, torch.float32),
+    (torch.bfloat16, torch.float32),
+    (torch.float16, torch.bfloat16),
+]
+
+
+def ids(tactic):
+    return f"w{tactic.weight_rows}-a{tactic.activation_rows}-s{tactic.split}-st{tactic.stages}"
+
+
+def run_guarded(projection, x, n, out_dtype):
+    """Run into a NaN-poisoned row-slice of a wider buffer; check the guard stayed untouched."""
+    batch = x.shape[0]
+    buffer = torch.full((batch + 2, n + 24), float("nan"), dtype=out_dtype, device=x.device)
+    out = buffer[1 : batch + 1, 8 : 8 + n]
+    projection.run(x, out)
+    torch.cuda.synchronize()
+    guard = buffer.clone()
+    guard[1 : batch + 1, 8 : 8 + n] = float("nan")
+    assert torch.isnan(guard).all(), "the kernel wrote outside its output"
+    return out
+
+
+@pytest.mark.parametrize("tactic", GRID, ids=ids)
+def test_every_tactic_matches_float64(tactic):
+    index = GRID.index(tactic)
+    weight_dtype, out_dtype = DTYPES[index % len(DTYPES)]
+    rows, acts = tactic.weight_rows, tactic.activation_rows
+    cases = [
+        # Ragged N, a K tail, a batch smaller than the activation tile.
+        (2 * rows + 40, 1000, max(1, acts - 3)),
+        # Batch spanning three activation tiles; K so short most split ranks get nothing.
+        (rows + 8, 136, 2 * acts + 5),
+    ]
+    for n, k, batch in cases:
+        weight = torch.randn(n, k, device="cuda").to(weight_dtype)
+        x = torch.randn(batch, k, device="cuda").to(weight_dtype)
+        projection = PreparedProjection(weight, {batch: tactic}, output_dtype=out_dtype).prepare()
+        out = run_guarded(projection, x, n, out_dtype)
+        assert_close_to_reference(out, x, weight, label=f"{tactic} N={n} K={k} M={batch} {weight_dtype}->{out_dtype}")
+
+
+@pytest.mark.parametrize("weight_dtype,out_dtype", DTYPES)
+@pytest.mark.parametrize("batch", [1, 3, 64])
+def test_decode_shape_every_dtype(weight_dtype, out_dtype, batch):
+    n, k = 2112, 7168
+    tactic = SplitKTactic(64, max(8, 1 << (batch - 1).bit_length()), 4, 6)
+    weight = torch.randn(n, k, device="cuda").to(weight_dtype)
+    x = torch.randn(batch, k, device="cuda").to(weight_dtype)
+    projection = PreparedProjection(weight, {batch: tactic}, output_dtype=out_dtype).prepare()
+    out = run_guarded(projection, x, n, out_dtype)
+    assert_close_to_reference(out, x, weight, label=f"{n}x{k} M={batch}")
+
+
+def test_weight_row_slice_of_wider_buffer():
+    storage = torch.randn(700, 1536 + 64, device="cuda", dtype=torch.bfloat16)
+    weight = storage[:, 32 : 32 + 1536]
+    x = torch.randn(16, 1536, device="cuda", dtype=torch.bfloat16)
+    projection = PreparedProjection(weight, {16: SplitKTactic(128, 16, 2, 4)}).prepare()
+    out = run_guarded(projection, x, 700, torch.bfloat16)
+    assert_close_to_reference(out, x, weight, label="weight slice")
+
+
+@pytest.mark.parametrize("split", [1, 4, 8])
+def test_bitwise_identical_run_to_run(split):
+    weight = torch.randn(1536, 7168, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(32, 7168, device="cuda", dtype=torch.bfloat16)
+    projection = PreparedProjection(weight, {32: SplitKTactic(64, 32, split, 4)}).prepare()
+    first = projection.run(x, torch.empty(32, 1536, device="cuda", dtype=torch.bfloat16)).clone()
+    for _ in range(20):
+        again = projection.run(x, torch.full_like(first, float("nan")))
+        assert torch.equal(again, first)
+
+
+def test_cuda_graph_capture_and_replay():
+    weight = torch.randn(2304, 1536, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(8, 1536, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((8, 2304), float("nan"), device="cuda", dtype=torch.bfloat16)
+    projection = PreparedProjection(weight, {8: SplitKTactic(64, 8, 2, 8)}).prepare()
+    projection.run(x, out)  # warm-up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        projection.run(x, out)
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = projection.run(x, torch.empty_like(out))
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
+        assert_close_to_reference(out, x, weight, label="graph replay")
+
+
+def test_runs_on_current_stream_without_sync():
+    weight = torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(4, 2048, device="cuda", dtype=torch.bfloat16)
+    projection = PreparedProjection(weight, {4: SplitKTactic(64, 8, 2, 4)}).prepare()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        out = projection.run(x, torch.empty(4, 1024, device="cuda", dtype=torch.bfloat16))
+    side.synchronize()
+    assert_close_to_reference(out, x, weight, label="side stream")
+
+
+def test_rejects_bad_inputs_on_gpu():
+    weight = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    projection = PreparedProjection(weight, {4: SplitKTactic(64, 8, 1, 4)}).prepare()
+    x = torch.randn(4, 512, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(4, 256, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="prepared batches"):
+        projection.run(x[:3], out[:3])
+    with pytest.raises(ValueError, match="on cpu"):
+        projection.run(x.cpu(), out)
+    with pytest.raises(ValueError, match="16 B"):
+        projection.run(torch.randn(4, 520, device="cuda", dtype=torch.bfloat16)[:, 4:516], out)
+    with pytest.raises(ValueError, match="output must be"):
+        projection.run(x, out[:, :200])
+    projection.weight = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="changed after prepare"):
+        projection.run(x, out)
