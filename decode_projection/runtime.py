@@ -195,7 +195,7 @@ def encode_tensor_map(spec) -> bytes:
         )
     # The descriptor is 16 opaque 64-bit words; the device reads them in
     # little-endian order, as the host wrote them.
-    return struct.pack("<16Q", *tensor_map.opaque)
+    return struct.pack("<16Q", *(int(word) for word in tensor_map.opaque))
 
 
 def tensor_maps(specs: Iterable, device) -> torch.Tensor:
