@@ -25,7 +25,9 @@ Getting the cubin (CuTe DSL 4.8.1):
 Registers, local-memory frame and stack come from the cubin's ``.nv.info``
 attributes (what ``cuobjdump --dump-resource-usage`` reports), static shared
 memory from the size of ``.nv.shared.<kernel>``. CuTe DSL kernels take their
-shared memory dynamically at launch, so static shared memory is usually 0.
+shared memory dynamically at launch; the static part is 0 or, when the dynamic
+buffer is aligned to 1024 bytes, 1024 bytes of padding that still counts
+against the per-CTA limit.
 """
 
 from __future__ import annotations

@@ -198,6 +198,7 @@ class SplitKGemm:
             block=(t.threads, 1, 1),
             cluster=(t.split, 1, 1),
             stream=stream,
+            use_pdl=True,
         )
 
     @cute.kernel
@@ -232,7 +233,6 @@ class SplitKGemm:
                 # the reduction's cluster barrier publish it before any signal.
                 cute.arch.mbarrier_init(storage.reduction_barrier.data_ptr(), 1)
                 cute.arch.mbarrier_init_fence()
-        weight_tile_elems = t.weight_rows * TILE_K
         tiles = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.barriers.data_ptr(),
             num_stages=t.stages,
@@ -265,29 +265,28 @@ class SplitKGemm:
             if nvvm.elect_sync():
                 nvvm.prefetch_tensormap(descriptor)
             cpasync.prefetch_descriptor(act_tma)
-            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, t.stages)
             weight_row = n_tile * t.weight_rows
-            for i in cutlass.range(k_count, unroll=1):
+            weight_tiles = storage.weight_tiles.data_ptr()
+
+            # Weights do not depend on the previous kernel (programmatic dependent
+            # launch), so the first stages stream while it finishes; activations do.
+            prefetch = cutlass.min(t.stages, k_count)
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, t.stages)
+            for i in cutlass.range(prefetch, unroll=1):
                 tiles.producer_acquire(state)
-                k_tile = k_begin + i
-                barrier = tiles.producer_get_barrier(state)
-                if nvvm.elect_sync():
-                    nvvm.cp_async_bulk_tensor_shared_cta_global(
-                        storage.weight_tiles.data_ptr() + state.index * weight_tile_elems,
-                        descriptor,
-                        [k_tile * TILE_K, weight_row],
-                        barrier,
-                        l2_cache_hint=EVICT_FIRST,
-                    )
-                cute.copy(
-                    act_tma,
-                    t_act_global[(None, k_tile)],
-                    t_act_smem[(None, state.index)],
-                    tma_bar_ptr=barrier,
-                    cache_policy=cutlass.Int64(EVICT_LAST),
-                )
-                tiles.producer_commit(state)
+                self.load_weight(weight_tiles, state, descriptor, tiles, k_begin + i, weight_row)
                 state.advance()
+            cute.arch.griddepcontrol_wait()
+            early = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, t.stages)
+            for i in cutlass.range(prefetch, unroll=1):
+                self.load_activations(act_tma, t_act_global, t_act_smem, early, tiles, k_begin + i)
+                early.advance()
+            for i in cutlass.range(prefetch, k_count, unroll=1):
+                tiles.producer_acquire(state)
+                self.load_weight(weight_tiles, state, descriptor, tiles, k_begin + i, weight_row)
+                self.load_activations(act_tma, t_act_global, t_act_smem, state, tiles, k_begin + i)
+                state.advance()
+            cute.arch.griddepcontrol_launch_dependents()
             if cutlass.const_expr(t.split > 1):
                 # The reduction's cluster barrier counts every thread.
                 cute.arch.cluster_arrive()
@@ -320,6 +319,10 @@ class SplitKGemm:
                 warpgroup.wait_group(0)
                 tiles.consumer_release(state)
                 state.advance()
+            # This CTA has streamed its weights: let the next kernel start its
+            # prologue, and wait for the previous one before writing ``out``.
+            cute.arch.griddepcontrol_launch_dependents()
+            cute.arch.griddepcontrol_wait()
 
             # Each accumulator's (weight row, activation row) in this CTA's tile.
             coords = tiled_mma.get_slice(tidx).partition_C(
@@ -335,6 +338,29 @@ class SplitKGemm:
                         out[row0 + n, col0 + m, 0] = acc[r].to(out.element_type)
             else:
                 self.reduce_across_cluster(acc, coords, rank, storage, out, row0, col0)
+
+    @cute.jit
+    def load_weight(self, weight_tiles, state, descriptor, tiles, k_tile, weight_row):
+        """One weight tile by TMA through the device-resident map, evicted first from L2."""
+        if nvvm.elect_sync():
+            nvvm.cp_async_bulk_tensor_shared_cta_global(
+                weight_tiles + state.index * (self.tactic.weight_rows * TILE_K),
+                descriptor,
+                [k_tile * TILE_K, weight_row],
+                tiles.producer_get_barrier(state),
+                l2_cache_hint=EVICT_FIRST,
+            )
+
+    @cute.jit
+    def load_activations(self, act_tma, t_act_global, t_act_smem, state, tiles, k_tile):
+        """One activation tile by TMA, kept in L2 for the other CTAs."""
+        cute.copy(
+            act_tma,
+            t_act_global[(None, k_tile)],
+            t_act_smem[(None, state.index)],
+            tma_bar_ptr=tiles.producer_get_barrier(state),
+            cache_policy=cutlass.Int64(EVICT_LAST),
+        )
 
     @cute.jit
     def reduce_across_cluster(self, acc, coords, rank, storage, out, row0, col0):

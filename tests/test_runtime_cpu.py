@@ -198,7 +198,7 @@ def _local_array_kernel(src: cute.Tensor, dst: cute.Tensor):
     255 registers a thread can have, so it must live in local memory."""
     tidx, _, _ = cute.arch.thread_idx()
     values = cute.make_rmem_tensor((300,), cutlass.Float32)
-    for i in cutlass.range_constexpr(300):
+    for i in cutlass.range(300, unroll_full=True):
         values[i] = src[i * 128 + tidx]
     j = src[tidx].to(cutlass.Int32) % 300
     values[j] = src[j]
@@ -245,7 +245,7 @@ class _OneTileGemm:
     def kernel(self, a_atom: cute.CopyAtom, a_tma: cute.Tensor, b_atom: cute.CopyAtom, b_tma: cute.Tensor,
                c: cute.Tensor, mma: cute.TiledMma, a_layout: cute.ComposedLayout, b_layout: cute.ComposedLayout):
         tidx, _, _ = cute.arch.thread_idx()
-        storage = cutlass.utils.SmemAllocator().allocate(self.storage)
+        storage = cutlass.memory.SmemAllocator().allocate(self.storage)
         barrier = storage.barrier.data_ptr()
         sA = storage.a.get_tensor(a_layout.outer, swizzle=a_layout.inner)
         sB = storage.b.get_tensor(b_layout.outer, swizzle=b_layout.inner)

@@ -1,0 +1,59 @@
+"""GPU tests for the host glue in runtime.py: real device, real driver, real streams."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from cuda.bindings import driver
+
+from decode_projection import runtime
+
+pytestmark = pytest.mark.gpu
+
+BF16 = driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+SW128 = driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B
+L2_256 = driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+
+
+def test_architecture_of_this_gpu():
+    assert runtime.architecture(torch.device("cuda")) == "sm_90a"
+
+
+def test_current_stream_follows_the_torch_stream():
+    device = torch.device("cuda", torch.cuda.current_device())
+    side = torch.cuda.Stream(device)
+    with torch.cuda.stream(side):
+        assert int(runtime.current_stream(device)) == side.cuda_stream
+    assert int(runtime.current_stream(device)) == torch.cuda.current_stream(device).cuda_stream
+
+
+def test_tensor_maps_are_aligned_and_hold_the_encoded_bytes():
+    weight = torch.randn(300, 520, device="cuda").to(torch.bfloat16)
+    pitch = weight.stride(0) * weight.element_size()
+    specs = [
+        (weight.data_ptr(), BF16, (520, 300), (pitch,), (64, rows), SW128, L2_256)
+        for rows in (64, 128)
+    ]
+    maps = runtime.tensor_maps(specs, weight.device)
+    assert maps.dtype == torch.uint8 and maps.numel() == 2 * runtime.TENSOR_MAP_BYTES
+    assert maps.data_ptr() % runtime.TENSOR_MAP_ALIGNMENT == 0
+    expected = b"".join(runtime.encode_tensor_map(spec) for spec in specs)
+    assert bytes(maps.cpu().tolist()) == expected
+    assert expected[:128] != expected[128:]
+
+
+def test_encode_in_a_fresh_process():
+    # The projection encodes after torch has touched the GPU; this pins down
+    # that encoding needs no torch CUDA state (a fresh process, no torch.cuda use).
+    code = (
+        "from cuda.bindings import driver as d\n"
+        "from decode_projection.runtime import encode_tensor_map\n"
+        "t = d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16\n"
+        "s = d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B\n"
+        "l = d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B\n"
+        "print(len(encode_tensor_map((1 << 20, t, (7168, 2112), (14336,), (64, 64), s, l))))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "128"
