@@ -1,0 +1,140 @@
+"""CPU tests: argument validation, the code-only compile cache, and every tactic's SASS."""
+
+import contextlib
+import itertools
+
+import pytest
+import torch
+
+from decode_projection import PreparedProjection, SplitKTactic, compile_projection, projection
+from decode_projection.sass import kernel_report
+from decode_projection.splitk import ACTIVATION_ROWS, SPLITS, WEIGHT_ROWS, as_tactic, max_stages
+
+TACTIC = SplitKTactic(64, 8, 2, 4)
+
+
+def pretend_hopper(monkeypatch):
+    """Let prepare() run on the CPU: real compile for sm_90a, a stand-in for the device map."""
+    monkeypatch.setattr(projection, "architecture", lambda device: "sm_90a")
+    monkeypatch.setattr(projection, "tensor_maps", lambda specs, device: torch.zeros(128, dtype=torch.uint8))
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+
+
+@pytest.fixture
+def prepared(monkeypatch):
+    """A projection prepared on the CPU, ready for validation tests (never launched)."""
+    pretend_hopper(monkeypatch)
+    weight = torch.randn(256, 512, dtype=torch.bfloat16)
+    return PreparedProjection(weight, {4: TACTIC, 16: SplitKTactic(64, 16, 1, 4)}).prepare()
+
+
+def test_weight_validation_messages():
+    with pytest.raises(ValueError, match=r"BF16/FP16 \[N, K\] matrix, got \(4, 4, 4\)"):
+        PreparedProjection(torch.zeros(4, 4, 4, dtype=torch.bfloat16), {})
+    with pytest.raises(ValueError, match="torch.float32"):
+        PreparedProjection(torch.zeros(4, 8), {})
+    with pytest.raises(ValueError, match="unit stride and a 16 B TMA pitch"):
+        PreparedProjection(torch.zeros(8, 16, dtype=torch.bfloat16).T, {})
+    with pytest.raises(ValueError, match="unit stride and a 16 B TMA pitch"):
+        PreparedProjection(torch.zeros(8, 12, dtype=torch.bfloat16), {})  # 24-byte pitch
+    with pytest.raises(ValueError, match="unsupported projection output dtype"):
+        PreparedProjection(torch.zeros(8, 16, dtype=torch.bfloat16), {}, output_dtype=torch.float16)
+    with pytest.raises(TypeError):
+        PreparedProjection([[1.0]], {})
+
+
+def test_policy_validation():
+    weight = torch.zeros(8, 16, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="activation rows 12"):
+        PreparedProjection(weight, {1: (64, 12, 1, 4)})
+    with pytest.raises(ValueError, match="shared memory"):
+        PreparedProjection(weight, {1: (128, 256, 1, 8)})
+    with pytest.raises(ValueError, match="positive int"):
+        PreparedProjection(weight, {0: TACTIC})
+
+
+def test_prepare_refuses_cpu_weight():
+    weight = torch.zeros(64, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="CUDA devices"):
+        PreparedProjection(weight, {1: TACTIC}).prepare()
+
+
+def test_run_rejects_bad_arguments(prepared):
+    x = torch.randn(4, 512, dtype=torch.bfloat16)
+    out = torch.empty(4, 256, dtype=torch.bfloat16)
+    cases = [
+        (x[:3], out[:3], ValueError, r"prepared batches \[4, 16\], K 512"),
+        (torch.randn(4, 256, dtype=torch.bfloat16), out, ValueError, "K 512"),
+        (x.half(), out, ValueError, "input dtype torch.float16"),
+        (x, out.float(), ValueError, "output dtype torch.float32"),
+        (x, out[:, :128], ValueError, r"output must be \(4, 256\)"),
+        (x, torch.empty(256, 4, dtype=torch.bfloat16).T, ValueError, "output rows need unit stride"),
+        (x.T.contiguous().T, out, ValueError, "input rows need unit stride"),
+        (torch.randn(4, 520, dtype=torch.bfloat16)[:, 4:516], out, ValueError, "16 B aligned"),
+        (x[None], out, ValueError, "must be 2-D"),
+        ("x", out, TypeError, "torch.Tensor"),
+        (x, x[:, :256], ValueError, "overlaps"),
+    ]
+    for bad_x, bad_out, error, message in cases:
+        with pytest.raises(error, match=message):
+            prepared.run(bad_x, bad_out)
+
+
+def test_run_rejects_changed_weight(prepared):
+    prepared.weight = torch.randn(256, 512, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="changed after prepare"):
+        prepared.run(torch.randn(4, 512, dtype=torch.bfloat16), torch.empty(4, 256, dtype=torch.bfloat16))
+
+
+def test_unprepared_run_is_an_error():
+    weight = torch.randn(64, 64, dtype=torch.bfloat16)
+    fresh = PreparedProjection(weight, {4: TACTIC})
+    with pytest.raises(ValueError, match="not prepared"):
+        fresh.run(torch.randn(4, 64, dtype=torch.bfloat16), torch.empty(4, 64, dtype=torch.bfloat16))
+
+
+def test_cache_is_keyed_on_code_only(monkeypatch):
+    pretend_hopper(monkeypatch)
+    small = PreparedProjection(torch.randn(64, 128, dtype=torch.bfloat16), {4: TACTIC}).prepare()
+    large = PreparedProjection(torch.randn(2112, 7168, dtype=torch.bfloat16), {4: TACTIC}).prepare()
+    assert small.kernels[4] is large.kernels[4]
+    base = compile_projection(TACTIC, torch.bfloat16, "sm_90a", torch.bfloat16)
+    assert base is small.kernels[4]
+    assert compile_projection(SplitKTactic(64, 8, 4, 4), torch.bfloat16, "sm_90a") is not base
+    assert compile_projection(TACTIC, torch.float32, "sm_90a") is not base
+    assert compile_projection(TACTIC, torch.bfloat16, "sm_90a", torch.float16) is not base
+    assert compile_projection.cache_info().currsize >= 4
+
+
+def test_cache_key_includes_arch():
+    # A different target compiles different code (or fails to): never the sm_90a object.
+    base = compile_projection(TACTIC, torch.bfloat16, "sm_90a")
+    try:
+        other = compile_projection(TACTIC, torch.bfloat16, "sm_100a")
+    except Exception:
+        return
+    assert other is not base
+
+
+def test_tactic_predicate_is_shared():
+    assert as_tactic((64, 8, 2, 4)) == TACTIC
+    assert SplitKTactic(64, 8, 16, 4).problems() == ["split 16 not in (1, 2, 4, 8)"]
+    deepest = max_stages(128, 256, 1)
+    assert SplitKTactic(128, 256, 1, deepest).valid
+    assert not SplitKTactic(128, 256, 1, deepest + 1).valid
+
+
+COMPILE_GRID = [
+    SplitKTactic(rows, acts, split, min(4, max_stages(rows, acts, split)))
+    for rows, acts, split in itertools.product(WEIGHT_ROWS, ACTIVATION_ROWS, SPLITS)
+]
+
+
+@pytest.mark.parametrize("tactic", COMPILE_GRID, ids=lambda t: f"w{t.weight_rows}-a{t.activation_rows}-s{t.split}")
+def test_every_tactic_compiles_to_wgmma_and_tma_without_spills(tactic):
+    report = kernel_report(compile_projection(tactic, torch.bfloat16, "sm_90a"))
+    assert report.arch == "sm_90a"
+    assert report.hgmma > 0, "no wgmma in the SASS"
+    assert report.utmaldg > 0, "no TMA loads in the SASS"
+    assert report.spills == 0 and report.local_bytes == 0, f"{report.spills} spill instructions"
+    assert report.registers <= 255
