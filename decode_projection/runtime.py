@@ -108,17 +108,17 @@ def current_stream(device) -> driver.CUstream:
     return driver.CUstream(torch.cuda.current_stream(device).cuda_stream)
 
 
-def to_cute(tensor: torch.Tensor):
-    """``tensor`` as a CuTe tensor via DLPack, promising the kernel 16-byte alignment."""
-    # assumed_align=16 lets the compiler emit 16-byte vector accesses and TMA;
-    # it is a promise, so a misaligned pointer must be refused here rather
-    # than turn into a misaligned-address fault or wrong data on the GPU.
-    if tensor.data_ptr() % 16:
+def to_cute(tensor: torch.Tensor, assumed_align: int = 16):
+    """``tensor`` as a CuTe tensor via DLPack, promising the kernel ``assumed_align`` bytes."""
+    # The alignment is a promise the compiled code relies on (TMA needs 16
+    # bytes), so a misaligned pointer is refused here rather than turned into
+    # a misaligned-address fault or wrong data on the GPU.
+    if tensor.data_ptr() % assumed_align:
         raise ValueError(
-            f"tensor data pointer {tensor.data_ptr():#x} is not 16-byte aligned "
+            f"tensor data pointer {tensor.data_ptr():#x} is not {assumed_align}-byte aligned "
             f"(shape {tuple(tensor.shape)}, dtype {tensor.dtype})"
         )
-    return cute_runtime.from_dlpack(tensor, assumed_align=16)
+    return cute_runtime.from_dlpack(tensor, assumed_align=assumed_align)
 
 
 def _check_spec(spec: TensorMapSpec) -> None:

@@ -107,9 +107,14 @@ def nvdisasm_path() -> str:
 
 def keep_cubin_options(dump_dir: str | os.PathLike, arch: str = "sm_90a") -> str:
     """``cute.compile`` options that target ``arch`` and keep the cubin in ``dump_dir``."""
+    path = os.fspath(dump_dir)
+    # The options are one whitespace-separated string; a path with blanks
+    # would be cut into stray options.
+    if any(blank in path for blank in " \t\n"):
+        raise ValueError(f"dump directory {path!r} must not contain whitespace")
     # The DSL writes nothing, and says nothing, when the directory is missing.
-    os.makedirs(dump_dir, exist_ok=True)
-    return f"--gpu-arch={arch} --keep-cubin --dump-dir={os.fspath(dump_dir)}"
+    os.makedirs(path, exist_ok=True)
+    return f"--gpu-arch={arch} --keep-cubin --dump-dir={path}"
 
 
 def kernel_cubin(compiled) -> bytes:
