@@ -17,6 +17,7 @@ import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
+from .policies import gpu_spec, resolve_policies
 from .runtime import architecture, current_stream, tensor_maps, to_cute
 from .splitk import TILE_K, SplitKGemm, as_tactic
 
@@ -130,7 +131,25 @@ class PreparedProjection:
                 raise ValueError(f"policy batch must be a positive int, got {batch!r}")
             self.policies[batch] = as_tactic(tactic)
         self.kernels, self.extra, self.maps = {}, {}, {}
+        self.policy_sources = dict.fromkeys(self.policies, "given")
         self._prepared_storage = None
+
+    @classmethod
+    def for_weight(cls, weight, batches=(1, 2, 4, 8, 16, 32, 64), *, output_dtype=torch.bfloat16,
+                   batch_invariant=False):
+        """A prepared projection whose tactics come from a shipped table for this GPU, else the heuristic.
+
+        ``policy_sources`` says, per batch, which one was used.
+        """
+        architecture(weight.device)
+        n, k = weight.shape
+        policies, sources = resolve_policies(
+            n, k, batches, gpu=gpu_spec(weight.device), weight_dtype=weight.dtype,
+            output_dtype=output_dtype, batch_invariant=batch_invariant,
+        )
+        projection = cls(weight, policies, output_dtype=output_dtype)
+        projection.policy_sources = sources
+        return projection.prepare()
 
     def prepare(self):
         """Compile (or fetch) each batch's kernel and build the weight's device TMA maps."""

@@ -71,6 +71,12 @@ _SWIZZLE_SPAN = {
 }
 
 
+_NO_CONTEXT = (
+    driver.CUresult.CUDA_ERROR_NOT_INITIALIZED,
+    driver.CUresult.CUDA_ERROR_INVALID_CONTEXT,
+)
+
+
 class TensorMapSpec(NamedTuple):
     """One tiled TMA descriptor; a plain 7-tuple in this order works as well."""
 
@@ -160,35 +166,46 @@ def _check_spec(spec: TensorMapSpec) -> None:
         )
 
 
+def _encode(spec: TensorMapSpec):
+    """One cuTensorMapEncodeTiled call: (CUresult, CUtensorMap)."""
+    rank = len(spec.dims)
+    return driver.cuTensorMapEncodeTiled(
+        spec.dtype,
+        rank,
+        spec.global_address,
+        [driver.cuuint64_t(d) for d in spec.dims],
+        [driver.cuuint64_t(s) for s in spec.strides_bytes],
+        [driver.cuuint32_t(b) for b in spec.box],
+        # Unit element strides: every element of the box is loaded.
+        [driver.cuuint32_t(1)] * rank,
+        driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        spec.swizzle,
+        spec.l2_promotion,
+        # Out-of-bounds elements read as zeros: the K tail and the rows past
+        # a ragged N or batch then add nothing to the sums.
+        driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+    )
+
+
 def encode_tensor_map(spec) -> bytes:
     """Encode one tiled TMA descriptor on the host; returns its 128 bytes."""
     spec = TensorMapSpec(*spec)
     _check_spec(spec)
-    rank = len(spec.dims)
     try:
-        result, tensor_map = driver.cuTensorMapEncodeTiled(
-            spec.dtype,
-            rank,
-            spec.global_address,
-            [driver.cuuint64_t(d) for d in spec.dims],
-            [driver.cuuint64_t(s) for s in spec.strides_bytes],
-            [driver.cuuint32_t(b) for b in spec.box],
-            # Unit element strides: every element of the box is loaded.
-            [driver.cuuint32_t(1)] * rank,
-            driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-            spec.swizzle,
-            spec.l2_promotion,
-            # Out-of-bounds elements read as zeros: the K tail and the rows past
-            # a ragged N or batch then add nothing to the sums.
-            driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-        )
+        result, tensor_map = _encode(spec)
     except _DriverMissing as error:
-        # Encoding is host-only work, but it lives in libcuda: without an
-        # NVIDIA driver the first driver call fails while loading the library.
+        # Without an NVIDIA driver the first driver call fails while loading libcuda.
         raise RuntimeError(
             "cuTensorMapEncodeTiled needs the NVIDIA driver (libcuda), which "
             f"could not be loaded here: {error}"
         ) from error
+    if result in _NO_CONTEXT:
+        # Encoding is host-only, yet the driver wants cuInit and a current
+        # context first (measured on an H200); tensor_maps sees to both.
+        raise RuntimeError(
+            f"cuTensorMapEncodeTiled needs a current CUDA context ({result.name}); "
+            f"use tensor_maps(), or touch the device with torch first"
+        )
     if result != driver.CUresult.CUDA_SUCCESS:
         raise RuntimeError(
             f"cuTensorMapEncodeTiled failed with {result.name} for {spec}"
@@ -208,13 +225,17 @@ def tensor_maps(specs: Iterable, device) -> torch.Tensor:
     device = torch.device(device)
     if device.type != "cuda":
         raise ValueError(f"tensor maps live in CUDA memory, got device {device}")
-    blobs = [encode_tensor_map(spec) for spec in specs]
-    if not blobs:
+    specs = list(specs)
+    if not specs:
         raise ValueError("tensor_maps needs at least one spec")
-    size = TENSOR_MAP_BYTES * len(blobs)
-    # The caching allocator's alignment is an implementation detail; asking
-    # for 128 spare bytes and slicing makes the alignment ours to guarantee.
-    buffer = torch.empty(size + TENSOR_MAP_ALIGNMENT, dtype=torch.uint8, device=device)
+    size = TENSOR_MAP_BYTES * len(specs)
+    with torch.cuda.device(device):
+        # Allocating first also makes the device's primary context current on
+        # this thread, which the driver's encoder requires.
+        # The caching allocator's alignment is an implementation detail; asking
+        # for 128 spare bytes and slicing makes the alignment ours to guarantee.
+        buffer = torch.empty(size + TENSOR_MAP_ALIGNMENT, dtype=torch.uint8, device=device)
+        blobs = [encode_tensor_map(spec) for spec in specs]
     offset = -buffer.data_ptr() % TENSOR_MAP_ALIGNMENT
     maps = buffer[offset : offset + size]
     host = torch.frombuffer(bytearray(b"".join(blobs)), dtype=torch.uint8)

@@ -7,7 +7,7 @@ import torch
 
 from decode_projection import PreparedProjection, SplitKTactic
 from decode_projection.splitk import ACTIVATION_ROWS, SPLITS, WEIGHT_ROWS, max_stages
-from tests.checks import assert_close_to_reference
+from decode_projection.checks import assert_close_to_reference
 
 pytestmark = pytest.mark.gpu
 

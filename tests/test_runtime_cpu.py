@@ -133,8 +133,12 @@ def test_encode_tensor_map_rejects_bad_specs(change, message):
         runtime.encode_tensor_map(tuple(spec))
 
 
-@pytest.mark.skipif(not HAVE_DRIVER, reason="cuTensorMapEncodeTiled lives in libcuda; no NVIDIA driver here")
+@pytest.mark.skipif(
+    not (HAVE_DRIVER and torch.cuda.is_available()),
+    reason="cuTensorMapEncodeTiled lives in libcuda and wants a CUDA context; no NVIDIA GPU here",
+)
 def test_encode_tensor_map_with_driver():
+    torch.zeros(1, device="cuda")  # makes a context current, as the driver requires
     first = runtime.encode_tensor_map(weight_spec())
     assert isinstance(first, bytes) and len(first) == runtime.TENSOR_MAP_BYTES
     assert any(first)

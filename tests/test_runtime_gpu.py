@@ -43,17 +43,29 @@ def test_tensor_maps_are_aligned_and_hold_the_encoded_bytes():
     assert expected[:128] != expected[128:]
 
 
-def test_encode_in_a_fresh_process():
-    # The projection encodes after torch has touched the GPU; this pins down
-    # that encoding needs no torch CUDA state (a fresh process, no torch.cuda use).
-    code = (
-        "from cuda.bindings import driver as d\n"
-        "from decode_projection.runtime import encode_tensor_map\n"
-        "t = d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16\n"
-        "s = d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B\n"
-        "l = d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B\n"
-        "print(len(encode_tensor_map((1 << 20, t, (7168, 2112), (14336,), (64, 64), s, l))))\n"
-    )
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+def _fresh_python(code):
+    """Run ``code`` in a new interpreter, one that has not touched CUDA yet."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+
+
+SPEC = (
+    "from cuda.bindings import driver as d\n"
+    "from decode_projection import runtime\n"
+    "spec = (1 << 20, d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, (7168, 2112), (14336,),\n"
+    "        (64, 64), d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,\n"
+    "        d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B)\n"
+)
+
+
+def test_encode_without_a_context_says_so():
+    # Measured on an H200: the encoder answers NOT_INITIALIZED before cuInit
+    # and INVALID_CONTEXT without a current context, host-only as it is.
+    run = _fresh_python(SPEC + "runtime.encode_tensor_map(spec)\n")
+    assert run.returncode != 0
+    assert "needs a current CUDA context" in run.stderr
+
+
+def test_tensor_maps_as_the_first_cuda_use():
+    run = _fresh_python(SPEC + "import torch\nprint(runtime.tensor_maps([spec], 'cuda').numel())\n")
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "128"

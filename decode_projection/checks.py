@@ -1,4 +1,4 @@
-"""Numerical checks shared by the GPU tests, the sanitizer cases and the benchmarks."""
+"""Numerical checks against a float64 reference, shared by the tests, the tuner and the benchmark."""
 
 import torch
 

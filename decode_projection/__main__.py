@@ -1,0 +1,122 @@
+"""Command line: ``python -m decode_projection bench`` and ``python -m decode_projection tune``."""
+
+import argparse
+import datetime
+import platform
+import sys
+
+import torch
+
+from .workload import DECODE_BATCHES, KIMI_K3_SHAPES
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def shape(text):
+    """``"2112x7168"`` -> ``(2112, 7168)``."""
+    try:
+        n, k = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"shape must look like 2112x7168, got {text!r}") from None
+    return n, k
+
+
+def batch_list(text):
+    """``"1,2,4"`` -> ``[1, 2, 4]``."""
+    try:
+        batches = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"batches must look like 1,2,4, got {text!r}") from None
+    if any(b < 1 for b in batches):
+        raise argparse.ArgumentTypeError("batches must be positive")
+    return batches
+
+
+def hopper_available():
+    """Whether a compute capability 9.0 GPU is present."""
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def bench(args):
+    """Time the workload, or compile it and report when there is no Hopper GPU."""
+    from .bench import format_tables, plot, run_benchmark, write_csv, write_json
+
+    kinds = args.policies.split(",")
+    weight_dtype, output_dtype = DTYPES[args.dtype], DTYPES[args.out_dtype]
+    if not hopper_available():
+        from .compile_report import compile_report
+
+        print(f"No Hopper GPU here: compiling the kernels the {args.policies} policies need for sm_90a.")
+        print(compile_report(args.shape, args.batches, kinds, weight_dtype=weight_dtype, output_dtype=output_dtype))
+        print("Timing needs a Hopper GPU (H100/H200); the kernels above compile and disassemble cleanly.")
+        return 0
+    import cutlass
+
+    cells = run_benchmark(args.shape, args.batches, kinds, weight_dtype=weight_dtype, output_dtype=output_dtype)
+    props = torch.cuda.get_device_properties(0)
+    meta = {
+        "gpu": props.name, "sm_count": props.multi_processor_count, "torch": torch.__version__,
+        "cuda": torch.version.cuda, "cutlass_dsl": cutlass.__version__, "python": platform.python_version(),
+        "date": datetime.date.today().isoformat(), "method": "cold L2 (weight copies > 3x L2), CUDA-graph replay, median",
+    }
+    print(f"{meta['gpu']} ({meta['sm_count']} SMs), torch {meta['torch']}, CUDA {meta['cuda']}, "
+          f"CuTe DSL {meta['cutlass_dsl']}, {meta['date']}")
+    print(format_tables(cells))
+    if args.csv:
+        write_csv(args.csv, cells)
+    if args.json:
+        write_json(args.json, cells, meta)
+    if args.plot:
+        plot(args.plot, cells, f"{meta['gpu']}, {meta['date']}: cold L2, CUDA-graph replay")
+    return 0
+
+
+def tune(args):
+    """Tune tactics on this GPU and write a table."""
+    if not hopper_available():
+        print("Tuning times kernels and needs a Hopper GPU (H100/H200).", file=sys.stderr)
+        return 2
+    from .tune import tune as run_tune
+
+    run_tune(args.shape, args.batches, weight_dtype=DTYPES[args.dtype], output_dtype=DTYPES[args.out_dtype],
+             batch_invariant=args.batch_invariant, limit=args.candidates, out_path=args.out)
+    return 0
+
+
+def main(argv=None):
+    """Parse arguments and run a subcommand."""
+    parser = argparse.ArgumentParser(prog="python -m decode_projection", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def common(sub):
+        sub.add_argument("--shape", type=shape, action="append",
+                         help="NxK weight shape (repeatable); default: the Kimi-K3 decode shapes")
+        sub.add_argument("--batches", type=batch_list, default=list(DECODE_BATCHES),
+                         help="padded batches, comma-separated (default: %(default)s)")
+        sub.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16", help="weight and activation dtype")
+        sub.add_argument("--out-dtype", choices=["bf16", "fp32"], default="bf16", help="output dtype")
+
+    run_bench = commands.add_parser("bench", help="time this projection next to torch.matmul and the read ceiling")
+    common(run_bench)
+    run_bench.add_argument("--policies", default="tuned",
+                           help="comma-separated: tuned, heuristic, batch-invariant (default: %(default)s)")
+    run_bench.add_argument("--csv", help="write every cell as CSV")
+    run_bench.add_argument("--json", help="write every cell and the run's metadata as JSON")
+    run_bench.add_argument("--plot", help="write a PNG of time against batch per shape")
+    run_tune = commands.add_parser("tune", help="tune tactics on this GPU and write a JSON table")
+    common(run_tune)
+    run_tune.add_argument("--batch-invariant", action="store_true", help="one split per shape for every batch")
+    run_tune.add_argument("--candidates", type=int, default=6, help="tactics timed per cell (default: %(default)s)")
+    run_tune.add_argument("--out", required=True, help="path of the JSON table to write")
+    args = parser.parse_args(argv)
+    args.shape = args.shape or list(KIMI_K3_SHAPES)
+    if args.command == "bench":
+        unknown = set(args.policies.split(",")) - {"tuned", "heuristic", "batch-invariant"}
+        if unknown:
+            parser.error(f"unknown policies {sorted(unknown)}")
+        return bench(args)
+    return tune(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""The benchmark: this projection next to torch.matmul and the measured read ceiling.
+
+Every cell is timed the same way (``timing.py``: cold L2 by rotating weight
+copies worth over 3x the L2, CUDA-graph replay, median of repeats) after every
+provider's output has been checked against a float64 reference. The ceiling is
+the read-only kernel of ``ceiling.py`` over the same weight bytes, so "fraction
+of ceiling" is what this GPU actually reaches, not a datasheet figure.
+"""
+
+import csv
+import json
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+from tqdm import tqdm
+
+from .ceiling import stream_read
+from .checks import assert_close_to_reference, relative_error
+from .policies import gpu_spec, resolve_policies
+from .projection import PreparedProjection
+from .timing import cold_copies, graph_time_us
+
+POLICY_KINDS = ("tuned", "heuristic", "batch-invariant")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One timed (shape, batch) of one policy set, with the baselines of the same run."""
+
+    n: int
+    k: int
+    batch: int
+    policy: str
+    source: str  # "table" or "heuristic"
+    tactic: tuple
+    us: float
+    cublas_us: float
+    ceiling_us: float
+
+    @property
+    def moved_bytes(self) -> int:
+        """Weight read once, activations read, output written (16-bit operands)."""
+        return 2 * (self.n * self.k + self.batch * self.k + self.batch * self.n)
+
+    @property
+    def tbps(self) -> float:
+        """Achieved TB/s over the bytes that must move."""
+        return self.moved_bytes / self.us / 1e6
+
+    @property
+    def of_ceiling(self) -> float:
+        """Fraction of the measured read ceiling (ceiling time over ours)."""
+        return self.ceiling_us / self.us
+
+    @property
+    def speedup(self) -> float:
+        """torch.matmul time over ours."""
+        return self.cublas_us / self.us
+
+
+def policies_for(kind, n, k, batches, device, weight_dtype, output_dtype):
+    """``({batch: tactic}, {batch: source})`` for one policy kind (device None: the H200's)."""
+    return resolve_policies(
+        n, k, batches, gpu=gpu_spec(device), weight_dtype=weight_dtype, output_dtype=output_dtype,
+        batch_invariant=kind == "batch-invariant", use_tables=kind != "heuristic",
+    )
+
+
+def bench_shape(n, k, batches, kinds, *, weight_dtype, output_dtype, progress):
+    """All cells of one weight shape."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    copies = cold_copies(n * k * 2, device)
+    weights = [torch.randn(n, k, device=device).to(weight_dtype) for _ in range(copies)]
+    ceiling = graph_time_us(lambda i: stream_read(weights[i]), copies)
+    prepared = {}
+    for kind in kinds:
+        policies, sources = policies_for(kind, n, k, batches, device, weight_dtype, output_dtype)
+        prepared[kind] = ([PreparedProjection(w, policies, output_dtype=output_dtype).prepare() for w in weights], sources)
+    cells = []
+    for batch in batches:
+        x = torch.randn(batch, k, device=device).to(weight_dtype)
+        outs = [torch.full((batch, n), float("nan"), device=device, dtype=output_dtype) for _ in range(copies)]
+        reference = x.double() @ weights[0].double().T
+        baseline = torch.matmul(x, weights[0].T)
+        if not relative_error(baseline, reference) < 1e-2:
+            raise AssertionError(f"torch.matmul is off for {n}x{k} M={batch}")
+        cublas = graph_time_us(lambda i: torch.matmul(x, weights[i].T, out=outs[i]), copies)
+        for kind in kinds:
+            projections, sources = prepared[kind]
+            outs[0].fill_(float("nan"))
+            projections[0].run(x, outs[0])
+            assert_close_to_reference(outs[0], x, weights[0], label=f"{kind} {n}x{k} M={batch}")
+            us = graph_time_us(lambda i: projections[i].run(x, outs[i]), copies)
+            tactic = projections[0].policies[batch]
+            cells.append(Cell(n, k, batch, kind, sources[batch], tuple(asdict(tactic).values()), us, cublas, ceiling))
+            progress.update()
+    return cells
+
+
+def run_benchmark(shapes, batches, kinds, *, weight_dtype, output_dtype):
+    """Time every cell; returns the cells."""
+    cells = []
+    with tqdm(total=len(shapes) * len(batches) * len(kinds), desc="bench", unit="cell") as progress:
+        for n, k in shapes:
+            cells += bench_shape(n, k, batches, kinds, weight_dtype=weight_dtype,
+                                 output_dtype=output_dtype, progress=progress)
+    return cells
+
+
+def format_tables(cells) -> str:
+    """A text table per shape and a summary line."""
+    lines = []
+    for n, k in dict.fromkeys((c.n, c.k) for c in cells):
+        shape_cells = [c for c in cells if (c.n, c.k) == (n, k)]
+        ceiling = shape_cells[0].ceiling_us
+        lines.append(f"\n{n} x {k} ({n * k * 2 / 1e6:.1f} MB; read ceiling {ceiling:.2f} us = "
+                     f"{n * k * 2 / ceiling / 1e6:.2f} TB/s)")
+        lines.append(f"{'batch':>5} {'policy':>15} {'tactic':>16} {'us':>8} {'cuBLAS us':>9} "
+                     f"{'TB/s':>6} {'of ceil':>7} {'speedup':>7}")
+        for c in shape_cells:
+            mark = "" if c.source == "table" else "*"
+            lines.append(f"{c.batch:>5} {c.policy + mark:>15} {str(c.tactic).replace(' ', ''):>16} "
+                         f"{c.us:8.2f} {c.cublas_us:9.2f} {c.tbps:6.2f} {c.of_ceiling:7.1%} {c.speedup:6.2f}x")
+    for kind in dict.fromkeys(c.policy for c in cells):
+        ours = [c for c in cells if c.policy == kind]
+        geomean = math.exp(sum(math.log(c.speedup) for c in ours) / len(ours))
+        worst = min(ours, key=lambda c: c.speedup)
+        lines.append(f"\n{kind}: geometric-mean speedup over torch.matmul {geomean:.2f}x over {len(ours)} cells; "
+                     f"worst {worst.n}x{worst.k} M={worst.batch}: {worst.us:.2f} us vs {worst.cublas_us:.2f} us "
+                     f"({worst.speedup:.2f}x)")
+    lines.append("(* = heuristic tactic: no tuned table entry for this GPU, shape and batch)")
+    return "\n".join(lines)
+
+
+def rows(cells):
+    """Flat dicts for CSV/JSON."""
+    return [
+        {**asdict(c), "tactic": list(c.tactic), "tbps": round(c.tbps, 3),
+         "of_ceiling": round(c.of_ceiling, 4), "speedup": round(c.speedup, 3)}
+        for c in cells
+    ]
+
+
+def write_csv(path, cells):
+    """All cells as CSV."""
+    data = rows(cells)
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(data[0]))
+        writer.writeheader()
+        writer.writerows(data)
+
+
+def write_json(path, cells, meta):
+    """All cells and the run's metadata as JSON."""
+    with open(path, "w") as handle:
+        json.dump({"meta": meta, "cells": rows(cells)}, handle, indent=1)
+
+
+def plot(path, cells, title):
+    """Time against batch per shape: each policy, torch.matmul, and the read ceiling."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = list(dict.fromkeys((c.n, c.k) for c in cells))
+    columns = min(4, len(shapes))
+    rows_ = math.ceil(len(shapes) / columns)
+    figure, axes = plt.subplots(rows_, columns, figsize=(4 * columns, 3.2 * rows_), squeeze=False)
+    for ax, (n, k) in zip(axes.flat, shapes):
+        shape_cells = [c for c in cells if (c.n, c.k) == (n, k)]
+        for kind in dict.fromkeys(c.policy for c in shape_cells):
+            ours = [c for c in shape_cells if c.policy == kind]
+            ax.plot([c.batch for c in ours], [c.us for c in ours], "o-", ms=3, label=f"decode_projection ({kind})")
+        first = [c for c in shape_cells if c.policy == shape_cells[0].policy]
+        ax.plot([c.batch for c in first], [c.cublas_us for c in first], "s--", ms=3, label="torch.matmul (cuBLAS)")
+        ax.axhline(first[0].ceiling_us, color="gray", ls=":", label="read ceiling (measured)")
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(bottom=0)
+        ax.set_title(f"{n} x {k}", fontsize=9)
+        ax.set_xlabel("batch")
+        ax.set_ylabel("us")
+    for ax in list(axes.flat)[len(shapes):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    figure.suptitle(title, fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)

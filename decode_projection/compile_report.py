@@ -1,0 +1,34 @@
+"""What can be checked without a GPU: the kernels a workload needs, compiled for sm_90a.
+
+Each distinct tactic the policies pick is compiled for ``sm_90a`` and its cubin
+disassembled: registers, shared memory, cluster size, and the counts of wgmma
+(HGMMA), TMA loads (UTMALDG) and local-memory spills (LDL/STL).
+"""
+
+import time
+
+import torch
+
+from .bench import policies_for
+from .projection import compile_projection
+from .sass import kernel_report
+
+
+def compile_report(shapes, batches, kinds, *, weight_dtype, output_dtype, arch="sm_90a") -> str:
+    """Compile every tactic the policies need and describe each one."""
+    tactics = {}
+    for n, k in shapes:
+        for kind in kinds:
+            policies, _ = policies_for(kind, n, k, batches, None, weight_dtype, output_dtype)
+            for tactic in policies.values():
+                tactics.setdefault(tactic, []).append(f"{n}x{k}")
+    lines = [f"{'tactic (rows,acts,split,stages)':>32} {'regs':>4} {'smem KB':>7} {'cluster':>7} "
+             f"{'HGMMA':>5} {'UTMALDG':>7} {'spills':>6} {'compile s':>9}"]
+    for tactic in sorted(tactics, key=lambda t: (t.weight_rows, t.activation_rows, t.split, t.stages)):
+        started = time.perf_counter()
+        report = kernel_report(compile_projection(tactic, output_dtype, arch, weight_dtype))
+        seconds = time.perf_counter() - started
+        name = f"({tactic.weight_rows},{tactic.activation_rows},{tactic.split},{tactic.stages})"
+        lines.append(f"{name:>32} {report.registers:>4} {tactic.smem_bytes / 1024:7.1f} {tactic.split:>7} "
+                     f"{report.hgmma:>5} {report.utmaldg:>7} {report.spills:>6} {seconds:9.1f}")
+    return "\n".join(lines)

@@ -1,0 +1,150 @@
+"""Tactic choice without tuning: a heuristic and the cost model the tuner prunes with.
+
+At decode the projection streams the weight once, so what matters is keeping
+enough bytes in flight across the GPU to reach HBM bandwidth, without so many
+CTAs that split-K reductions and re-read activations cost more than they hide.
+Measured on an H200 (docs/performance.md): the deepest pipeline that fits wins,
+and about 0.4 CTAs per SM already saturate HBM when each keeps ~200 KB in
+flight; past that, extra split only adds reduction work. Compute-bound batches
+(activation tiles of 128 or more) want a CTA on every SM instead.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .splitk import ACTIVATION_ROWS, SPLITS, TILE_K, WEIGHT_ROWS, SplitKTactic, as_tactic, max_stages
+
+MIN_K_TILES_PER_CTA = 4  # fewer and the pipeline never fills
+STREAMING_CTA_FRACTION = 0.375  # CTAs per SM that saturate HBM with deep pipelines
+COMPUTE_BOUND_ROWS = 128  # activation tiles from here on want every SM busy
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """What the heuristic needs to know about a GPU."""
+
+    name: str
+    sm_count: int
+    smem_per_sm: int
+    hbm_bytes_per_us: float  # measured streaming-read ceiling
+
+
+H200 = GpuSpec("NVIDIA H200", 132, 228 * 1024, 4.4e6)
+
+
+def gpu_spec(device=None) -> GpuSpec:
+    """The spec of ``device``'s GPU, or the H200's when no device is given."""
+    if device is None:
+        return H200
+    props = torch.cuda.get_device_properties(device)
+    smem = getattr(props, "shared_memory_per_multiprocessor", H200.smem_per_sm)
+    return GpuSpec(props.name, props.multi_processor_count, smem, H200.hbm_bytes_per_us)
+
+
+def activation_rows_for(batch: int) -> int:
+    """The smallest legal activation tile covering ``batch`` (256 for larger batches)."""
+    return next((rows for rows in ACTIVATION_ROWS if rows >= batch), ACTIVATION_ROWS[-1])
+
+
+def largest_split(k: int) -> int:
+    """The largest split that still gives each CTA a pipeline's worth of K tiles."""
+    k_tiles = math.ceil(k / TILE_K)
+    fitting = [s for s in SPLITS if k_tiles >= s * MIN_K_TILES_PER_CTA]
+    return max(fitting, default=1)
+
+
+def default_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, batch_invariant=False, split=None):
+    """The heuristic's tactic for one padded batch.
+
+    With ``batch_invariant`` the split (and so the order K is summed in) is the
+    one batch 1 gets, so a row's result never depends on the batch it is in;
+    ``split`` pins it instead (to match a tuned batch-invariant table).
+    """
+    acts = activation_rows_for(batch)
+    if split is not None:
+        rows = default_tactic(n, k, 1, gpu, batch_invariant=True).weight_rows
+        return as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split)))
+    split_rows = activation_rows_for(1) if batch_invariant else acts
+    fraction = 1.0 if split_rows >= COMPUTE_BOUND_ROWS else STREAMING_CTA_FRACTION
+    target = math.ceil(fraction * gpu.sm_count)
+    most = largest_split(k)
+    rows = WEIGHT_ROWS[-1] if math.ceil(n / WEIGHT_ROWS[-1]) * most >= target else WEIGHT_ROWS[0]
+    tiles = math.ceil(n / rows)
+    split = next((s for s in SPLITS if s <= most and tiles * s >= target), most)
+    return as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split)))
+
+
+def default_policies(n, k, batches, *, device=None, output_dtype=torch.bfloat16, batch_invariant=False):
+    """A valid tactic for every padded batch, from the GPU's SM count and the shape.
+
+    ``output_dtype`` does not change the choice today (the epilogue is a small
+    part of the time); it is accepted so callers can pass what they prepare.
+    """
+    del output_dtype
+    gpu = gpu_spec(device)
+    return {b: default_tactic(n, k, b, gpu, batch_invariant=batch_invariant) for b in batches}
+
+
+def predicted_time_us(n: int, k: int, batch: int, tactic: SplitKTactic, gpu: GpuSpec = H200) -> float:
+    """A rough time for ranking tactics before timing them (not a promise).
+
+    Bandwidth is limited by the bytes the resident CTAs keep in flight over a
+    ~2.5 us loaded memory latency, capped at the HBM ceiling; activation tiles
+    are re-read from L2 by every CTA; each extra wave and each split-K
+    reduction adds a fixed cost.
+    """
+    latency_us, l2_bytes_per_us, launch_us, wave_us, reduce_us = 2.5, 10e6, 2.0, 1.0, 0.5
+    n_tiles = math.ceil(n / tactic.weight_rows)
+    m_tiles = math.ceil(batch / tactic.activation_rows)
+    ctas = n_tiles * tactic.split * m_tiles
+    per_sm = max(1, gpu.smem_per_sm // (tactic.smem_bytes + 1024))
+    resident = min(ctas, gpu.sm_count * per_sm)
+    in_flight = resident * tactic.stages * tactic.stage_bytes
+    bandwidth = min(gpu.hbm_bytes_per_us, in_flight / latency_us)
+    weight_us = m_tiles * n * k * 2 / bandwidth
+    act_us = n_tiles * tactic.split * m_tiles * tactic.activation_rows * k * 2 / tactic.split / l2_bytes_per_us
+    waves = math.ceil(ctas / (gpu.sm_count * per_sm))
+    reduction = reduce_us if tactic.split > 1 else 0.0
+    return launch_us + weight_us + act_us + (waves - 1) * wave_us + reduction
+
+
+def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=6, split=None):
+    """The ``limit`` valid tactics the cost model ranks best, the heuristic's pick first.
+
+    ``split`` pins the split (batch-invariant tuning).
+    """
+    acts = activation_rows_for(batch)
+    pick = default_tactic(n, k, batch, gpu, split=split)
+    splits = [split] if split is not None else [s for s in SPLITS if s <= largest_split(k)]
+    pool = set()
+    for rows in WEIGHT_ROWS:
+        for s in splits:
+            deepest = max_stages(rows, acts, s)
+            for stages in {max(2, deepest // 2), deepest}:
+                tactic = SplitKTactic(rows, acts, s, stages)
+                if tactic.valid:
+                    pool.add(tactic)
+    ranked = sorted(pool - {pick}, key=lambda t: predicted_time_us(n, k, batch, t, gpu))
+    return ([pick] if pick.valid else []) + ranked[: limit - 1]
+
+
+def resolve_policies(n, k, batches, *, gpu: GpuSpec, weight_dtype, output_dtype, batch_invariant=False,
+                     use_tables=True):
+    """``({batch: tactic}, {batch: "table" | "heuristic"})``: tuned entries where a table matches."""
+    from .tables import TableKey, dtype_name, table_policies
+
+    tuned = {}
+    if use_tables:
+        key = TableKey(gpu.name, gpu.sm_count, n, k, dtype_name(weight_dtype), dtype_name(output_dtype),
+                       batch_invariant)
+        tuned = table_policies(key, batches)
+    # A batch-invariant table fixes the split for every batch, covered or not.
+    split = next(iter(tuned.values())).split if batch_invariant and tuned else None
+    guessed = {
+        b: default_tactic(n, k, b, gpu, batch_invariant=batch_invariant, split=split)
+        for b in batches
+        if b not in tuned
+    }
+    return {**guessed, **tuned}, {b: "table" if b in tuned else "heuristic" for b in batches}

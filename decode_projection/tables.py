@@ -1,0 +1,88 @@
+"""Tuned tactic tables as data: JSON per GPU, keyed by shape, dtypes, mode and batch.
+
+A table is only used when it was measured on the same GPU (name and SM count)
+for the same shape and dtypes; otherwise the caller falls back to the
+heuristic and is told so. Entries are checked with the kernel's validity
+predicate when loaded, so a stale table fails loudly instead of launching a
+tactic the kernel no longer accepts.
+"""
+
+import json
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from .splitk import as_tactic
+
+SHIPPED = Path(__file__).with_name("tables")
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class TableKey:
+    """Everything a tuned tactic depends on, except the batch."""
+
+    gpu: str
+    sm_count: int
+    n: int
+    k: int
+    weight_dtype: str
+    output_dtype: str
+    batch_invariant: bool
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def key_of(entry: dict) -> TableKey:
+    """The key of one JSON entry."""
+    return TableKey(
+        entry["gpu"], entry["sm_count"], entry["n"], entry["k"],
+        entry["weight_dtype"], entry["output_dtype"], entry["batch_invariant"],
+    )
+
+
+def load_table(path) -> dict:
+    """``{TableKey: {batch: SplitKTactic}}`` from one JSON file."""
+    document = json.loads(Path(path).read_text())
+    if document.get("format") != FORMAT:
+        raise ValueError(f"{path}: table format {document.get('format')!r}, expected {FORMAT}")
+    table = {}
+    for entry in document["entries"]:
+        try:
+            tactic = as_tactic(tuple(entry["tactic"]))
+        except ValueError as error:
+            raise ValueError(f"{path}: entry {entry} is no longer valid: {error}") from error
+        table.setdefault(key_of(entry), {})[entry["batch"]] = tactic
+    return table
+
+
+@cache
+def shipped_tables() -> dict:
+    """Every table shipped with the package, merged."""
+    merged = {}
+    for path in sorted(SHIPPED.glob("*.json")):
+        for key, batches in load_table(path).items():
+            merged.setdefault(key, {}).update(batches)
+    return merged
+
+
+def table_policies(key: TableKey, batches, tables=None) -> dict:
+    """The tuned tactics for those of ``batches`` the table covers (possibly none)."""
+    found = (shipped_tables() if tables is None else tables).get(key, {})
+    return {b: found[b] for b in batches if b in found}
+
+
+def write_table(path, entries, *, dsl_version: str, measured: str) -> None:
+    """Write tuned entries (dicts with the TableKey fields, batch, tactic, us) as JSON."""
+    document = {
+        "format": FORMAT,
+        "cutlass_dsl": dsl_version,
+        "measured": measured,
+        "entries": sorted(entries, key=lambda e: (e["n"], e["k"], e["batch_invariant"], e["batch"])),
+    }
+    Path(path).write_text(json.dumps(document, indent=1) + "\n")

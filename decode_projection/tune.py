@@ -1,0 +1,93 @@
+"""Autotuner: time the cost model's best candidates on the GPU and keep the fastest.
+
+For each (N, K, padded batch) the tuner takes the heuristic's pick plus the
+tactics the cost model ranks best (``candidate_tactics``), checks each one's
+output against a float64 reference (judged against torch.matmul's own error)
+before it may win, and times it with cold L2 and CUDA-graph replay. Pruning is
+what makes a full table fit in minutes of GPU time: the tactic space has
+hundreds of valid points, the model keeps a handful.
+
+Batch-invariant tables tune batch 1 freely and then pin its split for every
+other batch, so a row is summed in the same order whatever the batch.
+"""
+
+import datetime
+import time
+
+import cutlass
+import torch
+from tqdm import tqdm
+
+from .checks import assert_close_to_reference
+from .policies import candidate_tactics, gpu_spec
+from .projection import PreparedProjection, compile_projection
+from .runtime import architecture
+from .tables import dtype_name, write_table
+from .timing import cold_copies, graph_time_us
+
+
+def tune_shape(n, k, batches, *, weight_dtype, output_dtype, batch_invariant, limit, progress):
+    """Tuned entries (dicts) for one weight shape."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    gpu = gpu_spec(device)
+    copies = cold_copies(n * k * 2, device)
+    weights = [torch.randn(n, k, device=device).to(weight_dtype) for _ in range(copies)]
+    entries, pinned_split = [], None
+    for batch in sorted(batches):
+        x = torch.randn(batch, k, device=device).to(weight_dtype)
+        outs = [torch.empty(batch, n, device=device, dtype=output_dtype) for _ in range(copies)]
+        timed = []
+        for tactic in candidate_tactics(n, k, batch, gpu, limit=limit, split=pinned_split):
+            projections = [PreparedProjection(w, {batch: tactic}, output_dtype=output_dtype).prepare() for w in weights]
+            outs[0].fill_(float("nan"))
+            projections[0].run(x, outs[0])
+            assert_close_to_reference(outs[0], x, weights[0], label=f"{n}x{k} M={batch} {tactic}")
+            timed.append((graph_time_us(lambda i: projections[i].run(x, outs[i]), copies), tactic))
+            progress.update()
+        best_us, best = min(timed, key=lambda pair: pair[0])
+        if batch_invariant and pinned_split is None:
+            pinned_split = best.split
+        entries.append({
+            "gpu": gpu.name, "sm_count": gpu.sm_count, "n": n, "k": k,
+            "weight_dtype": dtype_name(weight_dtype), "output_dtype": dtype_name(output_dtype),
+            "batch_invariant": batch_invariant, "batch": batch,
+            "tactic": [best.weight_rows, best.activation_rows, best.split, best.stages],
+            "us": round(best_us, 3),
+        })
+    return entries
+
+
+def precompile(shapes, batches, *, output_dtype, weight_dtype, limit):
+    """Compile every candidate up front so the timed loop never waits on the compiler."""
+    arch = architecture(torch.device("cuda", torch.cuda.current_device()))
+    gpu = gpu_spec(torch.cuda.current_device())
+    tactics = {
+        tactic
+        for n, k in shapes
+        for batch in batches
+        for tactic in candidate_tactics(n, k, batch, gpu, limit=limit)
+    }
+    for tactic in tqdm(sorted(tactics, key=str), desc="compile", unit="kernel"):
+        compile_projection(tactic, output_dtype, arch, weight_dtype)
+
+
+def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfloat16,
+         batch_invariant=False, limit=6, out_path=None):
+    """Tune every (shape, batch); returns the entries and writes them as a table if asked."""
+    started = time.perf_counter()
+    precompile(shapes, batches, output_dtype=output_dtype, weight_dtype=weight_dtype, limit=limit)
+    entries = []
+    total = len(shapes) * len(batches) * limit
+    with tqdm(total=total, desc="tune", unit="tactic") as progress:
+        for n, k in shapes:
+            shape_started = time.perf_counter()
+            entries += tune_shape(
+                n, k, batches, weight_dtype=weight_dtype, output_dtype=output_dtype,
+                batch_invariant=batch_invariant, limit=limit, progress=progress,
+            )
+            progress.write(f"{n}x{k}: {time.perf_counter() - shape_started:.1f} s")
+    if out_path is not None:
+        write_table(out_path, entries, dsl_version=cutlass.__version__,
+                    measured=datetime.date.today().isoformat())
+    print(f"tuned {len(shapes)} shapes x {len(batches)} batches in {time.perf_counter() - started:.0f} s")
+    return entries

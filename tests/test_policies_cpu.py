@@ -1,0 +1,129 @@
+"""CPU tests: the heuristic's picks (pinned), the cost-model candidates, and tuned tables as data."""
+
+import json
+
+import pytest
+import torch
+
+from decode_projection import policies, tables
+from decode_projection.policies import (
+    H200, candidate_tactics, default_policies, default_tactic, predicted_time_us, resolve_policies,
+)
+from decode_projection.splitk import SplitKTactic
+from decode_projection.workload import DECODE_BATCHES, KIMI_K3_SHAPES
+
+# The heuristic's H200 choices at batches 1, 16, 64 and 256, as (weight rows, activation rows, split, stages).
+PINNED = [
+    ((2112, 7168), (128, 8, 4, 13), (128, 16, 4, 12), (128, 64, 4, 9), (128, 256, 8, 4)),
+    ((2304, 1536), (128, 8, 4, 13), (128, 16, 4, 12), (128, 64, 4, 9), (64, 256, 4, 5)),
+    ((7168, 1536), (128, 8, 1, 13), (128, 16, 1, 12), (128, 64, 1, 9), (128, 256, 4, 4)),
+    ((1536, 7168), (128, 8, 8, 13), (128, 16, 8, 12), (128, 64, 8, 9), (64, 256, 8, 5)),
+    ((3072, 7168), (128, 8, 4, 13), (128, 16, 4, 12), (128, 64, 4, 9), (128, 256, 8, 4)),
+    ((7168, 768), (128, 8, 1, 13), (128, 16, 1, 12), (128, 64, 1, 9), (64, 256, 2, 5)),
+    ((6288, 7168), (128, 8, 1, 13), (128, 16, 1, 12), (128, 64, 1, 9), (128, 256, 4, 4)),
+    ((3584, 7168), (128, 8, 2, 13), (128, 16, 2, 12), (128, 64, 2, 9), (128, 256, 8, 4)),
+    ((7168, 3584), (128, 8, 1, 13), (128, 16, 1, 12), (128, 64, 1, 9), (128, 256, 4, 4)),
+    ((8448, 7168), (128, 8, 1, 13), (128, 16, 1, 12), (128, 64, 1, 9), (128, 256, 2, 4)),
+    ((7168, 4224), (128, 8, 1, 13), (128, 16, 1, 12), (128, 64, 1, 9), (128, 256, 4, 4)),
+    ((20480, 7168), (128, 8, 1, 13), (128, 16, 1, 12), (128, 64, 1, 9), (128, 256, 1, 4)),
+    ((7168, 14336), (128, 8, 1, 13), (128, 16, 1, 12), (128, 64, 1, 9), (128, 256, 4, 4)),
+    ((1536, 128), (64, 8, 1, 25), (64, 16, 1, 22), (64, 64, 1, 14), (64, 256, 1, 5)),
+    ((3072, 128), (64, 8, 1, 25), (64, 16, 1, 22), (64, 64, 1, 14), (64, 256, 1, 5)),
+]
+
+
+@pytest.mark.parametrize("shape,at1,at16,at64,at256", PINNED, ids=[f"{n}x{k}" for (n, k), *_ in PINNED])
+def test_heuristic_picks_are_pinned(shape, at1, at16, at64, at256):
+    n, k = shape
+    picks = default_policies(n, k, (1, 16, 64, 256))
+    assert picks == {1: SplitKTactic(*at1), 16: SplitKTactic(*at16), 64: SplitKTactic(*at64), 256: SplitKTactic(*at256)}
+
+
+def test_pins_cover_the_workload():
+    assert [shape for shape, *_ in PINNED] == list(KIMI_K3_SHAPES)
+
+
+@pytest.mark.parametrize("shape", list(KIMI_K3_SHAPES))
+def test_every_pick_is_valid_and_covers_its_batch(shape):
+    for batch in DECODE_BATCHES + (5, 200, 300):
+        tactic = default_tactic(*shape, batch)
+        assert tactic.valid
+        assert tactic.activation_rows >= min(batch, 256)
+
+
+@pytest.mark.parametrize("shape", list(KIMI_K3_SHAPES))
+def test_batch_invariant_heuristic_keeps_one_split(shape):
+    picks = default_policies(*shape, range(1, 257), batch_invariant=True)
+    assert len({t.split for t in picks.values()}) == 1
+    assert len({t.weight_rows for t in picks.values()}) == 1
+
+
+def test_candidates_start_with_the_pick_and_are_valid():
+    for (n, k) in KIMI_K3_SHAPES:
+        for batch in (1, 32, 256):
+            found = candidate_tactics(n, k, batch, limit=5)
+            assert found[0] == default_tactic(n, k, batch)
+            assert len(found) == len(set(found)) and 1 <= len(found) <= 5
+            assert all(t.valid for t in found)
+            pinned = candidate_tactics(n, k, batch, limit=4, split=2)
+            assert {t.split for t in pinned} == {2}
+
+
+def test_cost_model_prefers_in_flight_bytes():
+    shallow = SplitKTactic(128, 8, 1, 2)
+    deep = SplitKTactic(128, 8, 1, 13)
+    assert predicted_time_us(6288, 7168, 1, deep) < predicted_time_us(6288, 7168, 1, shallow)
+    floor = 6288 * 7168 * 2 / H200.hbm_bytes_per_us
+    assert predicted_time_us(6288, 7168, 1, deep) > floor
+
+
+def entry(batch, tactic, *, n=2112, k=7168, invariant=False, gpu="NVIDIA H200"):
+    return {"gpu": gpu, "sm_count": 132, "n": n, "k": k, "weight_dtype": "bfloat16",
+            "output_dtype": "bfloat16", "batch_invariant": invariant, "batch": batch,
+            "tactic": list(tactic), "us": 9.0}
+
+
+def test_table_round_trip_and_lookup(tmp_path, monkeypatch):
+    path = tmp_path / "h200.json"
+    tables.write_table(path, [entry(1, (64, 8, 2, 25)), entry(8, (64, 8, 2, 25)), entry(1, (128, 8, 4, 13), gpu="NVIDIA H100")],
+                       dsl_version="4.8.1", measured="2026-12-02")
+    loaded = tables.load_table(path)
+    key = tables.TableKey("NVIDIA H200", 132, 2112, 7168, "bfloat16", "bfloat16", False)
+    assert tables.table_policies(key, [1, 8, 16], loaded) == {1: SplitKTactic(64, 8, 2, 25), 8: SplitKTactic(64, 8, 2, 25)}
+    monkeypatch.setattr(tables, "shipped_tables", lambda: loaded)
+    found, sources = resolve_policies(2112, 7168, [1, 16], gpu=H200, weight_dtype=torch.bfloat16,
+                                      output_dtype=torch.bfloat16)
+    assert found[1] == SplitKTactic(64, 8, 2, 25) and sources == {1: "table", 16: "heuristic"}
+    assert found[16] == default_tactic(2112, 7168, 16)
+    # Another GPU, dtype or shape never borrows this table.
+    other = policies.GpuSpec("NVIDIA H100 80GB HBM3", 132, H200.smem_per_sm, 3.0e6)
+    _, sources = resolve_policies(2112, 7168, [1], gpu=other, weight_dtype=torch.bfloat16, output_dtype=torch.bfloat16)
+    assert sources == {1: "heuristic"}
+    _, sources = resolve_policies(2112, 7168, [1], gpu=H200, weight_dtype=torch.bfloat16, output_dtype=torch.float32)
+    assert sources == {1: "heuristic"}
+
+
+def test_batch_invariant_table_fixes_the_split_for_uncovered_batches(monkeypatch, tmp_path):
+    path = tmp_path / "inv.json"
+    tables.write_table(path, [entry(1, (64, 8, 2, 25), invariant=True)], dsl_version="4.8.1", measured="2026-12-02")
+    monkeypatch.setattr(tables, "shipped_tables", lambda: tables.load_table(path))
+    found, sources = resolve_policies(2112, 7168, [1, 3, 100, 256], gpu=H200, weight_dtype=torch.bfloat16,
+                                      output_dtype=torch.bfloat16, batch_invariant=True)
+    assert {t.split for t in found.values()} == {2}
+    assert sources[1] == "table" and sources[256] == "heuristic"
+
+
+def test_stale_table_entry_fails_loudly(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"format": 1, "entries": [entry(1, (64, 12, 2, 4))]}))
+    with pytest.raises(ValueError, match="no longer valid"):
+        tables.load_table(path)
+    path.write_text(json.dumps({"format": 99, "entries": []}))
+    with pytest.raises(ValueError, match="format"):
+        tables.load_table(path)
+
+
+def test_shipped_tables_load():
+    for key, batches in tables.shipped_tables().items():
+        assert key.gpu and key.sm_count > 0
+        assert all(t.valid and t.activation_rows >= min(b, 256) for b, t in batches.items())

@@ -1,0 +1,62 @@
+"""GPU tests for tactic choice: batch invariance, the one-line constructor, the tuner and the benchmark."""
+
+import pytest
+import torch
+
+from decode_projection import PreparedProjection
+from decode_projection.bench import format_tables, run_benchmark
+from decode_projection.checks import assert_close_to_reference
+from decode_projection.tables import load_table
+from decode_projection.tune import tune
+from decode_projection.workload import KIMI_K3_SHAPES
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("shape", list(KIMI_K3_SHAPES), ids=lambda s: f"{s[0]}x{s[1]}")
+def test_batch_invariant_rows_do_not_depend_on_the_batch(shape):
+    n, k = shape
+    weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(256, k, device="cuda", dtype=torch.bfloat16)
+    projection = PreparedProjection.for_weight(weight, batches=range(1, 257), batch_invariant=True)
+    assert len({t.split for t in projection.policies.values()}) == 1
+    alone = torch.empty(256, n, device="cuda", dtype=torch.bfloat16)
+    for row in range(256):
+        projection.run(x[row : row + 1], alone[row : row + 1])
+    for batch in range(2, 257):
+        together = projection.run(x[:batch], torch.full((batch, n), float("nan"), device="cuda", dtype=torch.bfloat16))
+        if not torch.equal(together, alone[:batch]):
+            row, col = (together != alone[:batch]).nonzero()[0].tolist()
+            raise AssertionError(f"{n}x{k}: out[{row}, {col}] at batch {batch} is {together[row, col]}, "
+                                 f"at batch 1 {alone[row, col]} ({projection.policies[batch]})")
+    assert_close_to_reference(alone, x, weight, label=f"{n}x{k} batch-invariant")
+
+
+def test_for_weight_picks_table_or_heuristic_and_is_correct():
+    weight = torch.randn(2112, 7168, device="cuda", dtype=torch.bfloat16)
+    projection = PreparedProjection.for_weight(weight, batches=(1, 5, 64))
+    assert set(projection.policy_sources) == {1, 5, 64}
+    assert set(projection.policy_sources.values()) <= {"table", "heuristic"}
+    for batch in (1, 5, 64):
+        x = torch.randn(batch, 7168, device="cuda", dtype=torch.bfloat16)
+        out = projection.run(x, torch.full((batch, 2112), float("nan"), device="cuda", dtype=torch.bfloat16))
+        assert_close_to_reference(out, x, weight, label=f"for_weight M={batch}")
+
+
+def test_tuner_writes_a_loadable_table(tmp_path):
+    path = tmp_path / "table.json"
+    entries = tune([(1024, 1536)], [1, 16], limit=2, out_path=path)
+    assert [e["batch"] for e in entries] == [1, 16]
+    assert all(e["us"] > 0 for e in entries)
+    assert len(load_table(path)) == 1
+
+
+def test_benchmark_times_every_provider():
+    cells = run_benchmark([(2304, 1536)], [1, 16], ["heuristic"], weight_dtype=torch.bfloat16,
+                          output_dtype=torch.bfloat16)
+    assert len(cells) == 2
+    for cell in cells:
+        assert 0 < cell.ceiling_us and 0 < cell.us and 0 < cell.cublas_us
+        # Nothing reads a weight faster than the read-only kernel by more than timing noise.
+        assert cell.us > 0.8 * cell.ceiling_us
+    assert "geometric-mean speedup" in format_tables(cells)
