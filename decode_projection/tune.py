@@ -42,7 +42,7 @@ def tune_shape(n, k, batches, *, weight_dtype, output_dtype, batch_invariant, li
             outs[0].fill_(float("nan"))
             projections[0].run(x, outs[0])
             assert_close_to_reference(outs[0], x, weights[0], label=f"{n}x{k} M={batch} {tactic}")
-            timed.append((graph_time_us(lambda i: projections[i].run(x, outs[i]), copies), tactic))
+            timed.append((graph_time_us(lambda i: projections[i].run(x, outs[i]), copies, repeats=7), tactic))
             progress.update()
         best_us, best = min(timed, key=lambda pair: pair[0])
         if batch_invariant and pinned_split is None:
