@@ -17,6 +17,7 @@ import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
+from .disk_cache import cached_compile
 from .policies import gpu_spec, resolve_policies
 from .runtime import architecture, current_stream, tensor_maps, to_cute
 from .splitk import TILE_K, SplitKGemm, as_tactic
@@ -31,7 +32,10 @@ _compile_lock = threading.Lock()
 
 @cache
 def compile_projection(tactic, output_dtype, arch, weight_dtype=torch.bfloat16):
-    """Code-only cache; weights, descriptors and activation pointers stay private."""
+    """Code-only cache; weights, descriptors and activation pointers stay private.
+
+    Backed by the persistent cache of ``disk_cache``, so a restart loads instead of compiling.
+    """
     operand = WEIGHT_DTYPES[weight_dtype]
 
     def fake(dtype, *, output):
@@ -44,16 +48,20 @@ def compile_projection(tactic, output_dtype, arch, weight_dtype=torch.bfloat16):
         align = dtype.width // 8 if output else TMA_ALIGN
         return make_fake_tensor(dtype, shape, stride, assumed_align=align)
 
-    kernel = SplitKGemm(as_tactic(tactic))
-    args = (
-        fake(operand, output=False),
-        fake(operand, output=False),
-        fake(OUTPUT_DTYPES[output_dtype], output=True),
-        cutlass.Int64(0),
-        make_fake_stream(),
-    )
+    tactic = as_tactic(tactic)
+
+    def build():
+        args = (
+            fake(operand, output=False),
+            fake(operand, output=False),
+            fake(OUTPUT_DTYPES[output_dtype], output=True),
+            cutlass.Int64(0),
+            make_fake_stream(),
+        )
+        return cute.compile(SplitKGemm(tactic), *args, options=f"--gpu-arch={arch}")
+
     with _compile_lock:
-        return cute.compile(kernel, *args, options=f"--gpu-arch={arch}")
+        return cached_compile(build, tactic, str(output_dtype), str(weight_dtype), arch)
 
 
 def matrix_view(tensor, *, output=False):

@@ -125,14 +125,19 @@ def kernel_cubin(compiled) -> bytes:
     if isinstance(kept, bytes) and kept.startswith(_ELF_MAGIC):
         return kept
     module = getattr(compiled, "ir_module", None)
-    if module is None:
+    object_file = getattr(compiled, "object_file", None)
+    if module is not None:
+        blobs = _module_fatbins(module)
+    elif object_file is not None:
+        # Loaded from the disk cache: the object file embeds the fatbinary.
+        data = open(object_file, "rb").read()
+        blobs = [data[data.index(_FATBIN_MAGIC):]] if _FATBIN_MAGIC in data else []
+    else:
         raise ValueError(
-            f"{type(compiled).__name__} holds neither a kept cubin nor an IR "
-            f"module; compile with keep_cubin_options(...)"
+            f"{type(compiled).__name__} holds neither a kept cubin, an IR module "
+            f"nor an object file; compile with keep_cubin_options(...)"
         )
-    images = [
-        image for blob in _module_fatbins(module) for image in _fatbin_elves(blob)
-    ]
+    images = [image for blob in blobs for image in _fatbin_elves(blob)]
     if len(images) != 1:
         raise ValueError(
             f"expected one uncompressed cubin in the compiled module, found "

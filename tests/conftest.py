@@ -1,7 +1,13 @@
 """Shared fixtures: GPU tests are marked ``gpu`` and skip cleanly without CUDA."""
 
+import os
+import tempfile
+
 import pytest
 import torch
+
+# Tests compile into a throwaway persistent cache, never the user's.
+os.environ.setdefault("DECODE_PROJECTION_CACHE_DIR", tempfile.mkdtemp(prefix="decode_projection_test_cache_"))
 
 
 def pytest_configure(config):

@@ -1,0 +1,81 @@
+"""CPU tests of the persistent compile cache: a sound key, warm starts that compile nothing, safe concurrency."""
+
+import subprocess
+import sys
+
+import cutlass
+import cutlass.cute as cute
+import pytest
+import torch
+
+from decode_projection import disk_cache
+from decode_projection.projection import compile_projection
+from decode_projection.sass import kernel_report
+from decode_projection.splitk import SplitKTactic
+
+TACTIC = SplitKTactic(64, 8, 2, 4)
+INPUTS = (TACTIC, "torch.bfloat16", "torch.bfloat16", "sm_90a")
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("DECODE_PROJECTION_CACHE_DIR", str(tmp_path))
+    compile_projection.cache_clear()
+    yield tmp_path
+    compile_projection.cache_clear()
+
+
+def test_key_changes_with_every_codegen_input(monkeypatch):
+    base = disk_cache.cache_key(*INPUTS)
+    assert disk_cache.cache_key(*INPUTS) == base
+    variants = [
+        (SplitKTactic(64, 8, 2, 5), *INPUTS[1:]),
+        (TACTIC, "torch.float32", *INPUTS[2:]),
+        (*INPUTS[:2], "torch.float16", "sm_90a"),
+        (*INPUTS[:3], "sm_100a"),
+    ]
+    keys = {disk_cache.cache_key(*inputs) for inputs in variants}
+    assert len(keys) == len(variants) and base not in keys
+    monkeypatch.setattr(cutlass, "__version__", "9.9.9")
+    assert disk_cache.cache_key(*INPUTS) != base
+    monkeypatch.undo()
+    monkeypatch.setattr(disk_cache, "source_fingerprint", lambda: "edited kernel")
+    assert disk_cache.cache_key(*INPUTS) != base
+
+
+def test_warm_start_compiles_nothing(cache_dir, monkeypatch):
+    cold = compile_projection(TACTIC, torch.bfloat16, "sm_90a")
+    assert len(list(cache_dir.glob("*.o"))) == 1
+    compile_projection.cache_clear()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a warm start compiled a kernel")
+
+    monkeypatch.setattr(cute, "compile", refuse)
+    warm = compile_projection(TACTIC, torch.bfloat16, "sm_90a")
+    assert warm.execution_args.signature == cold.execution_args.signature
+    assert kernel_report(warm).utmaldg > 0
+    # A different tactic is a miss, and would have to compile.
+    with pytest.raises(AssertionError, match="compiled a kernel"):
+        compile_projection(SplitKTactic(64, 8, 1, 4), torch.bfloat16, "sm_90a")
+
+
+def test_disabled_cache_writes_nothing(cache_dir, monkeypatch):
+    monkeypatch.setenv("DECODE_PROJECTION_DISK_CACHE", "0")
+    compile_projection(TACTIC, torch.bfloat16, "sm_90a")
+    assert not list(cache_dir.iterdir())
+
+
+def test_two_processes_starting_together(cache_dir):
+    script = (
+        "import torch; from decode_projection.projection import compile_projection; "
+        "print(compile_projection((64, 16, 4, 4), torch.bfloat16, 'sm_90a').execution_args.signature)"
+    )
+    env = {**__import__("os").environ, "DECODE_PROJECTION_CACHE_DIR": str(cache_dir)}
+    runs = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    outputs = [run.communicate(timeout=300)[0] for run in runs]
+    assert all(run.returncode == 0 for run in runs)
+    assert outputs[0] == outputs[1] and "weight_map" in outputs[0]
+    assert len(list(cache_dir.glob("*.o"))) == 1
+    assert not list(cache_dir.glob("*.tmp"))
