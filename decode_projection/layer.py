@@ -1,0 +1,107 @@
+"""A drop-in ``nn.Linear`` for decode: prepared projections behind a PyTorch custom op.
+
+``ProjectionLinear`` prepares its weight for a set of padded batches and, in
+``forward``, calls ``decode_projection::project``, a ``torch.library`` custom op
+with a fake implementation, so ``torch.compile(fullgraph=True)`` traces it
+without graph breaks and CUDA graphs capture it. The op finds the prepared
+projection through a registry handle (an int: custom ops cannot take Python
+objects) and dispatches by batch; batches without a tactic, CPU inputs and
+dtypes the kernel does not take fall back to ``F.linear``. Every fallback is
+counted on the layer (``fallbacks``), never silent.
+"""
+
+import itertools
+import weakref
+from collections import Counter
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .policies import gpu_spec, resolve_policies
+from .projection import WEIGHT_DTYPES, PreparedProjection
+from .runtime import architecture
+
+# Layers by handle; weak, so a dropped layer does not live on here.
+_registry = weakref.WeakValueDictionary()
+_handles = itertools.count(1)
+
+
+@torch.library.custom_op("decode_projection::project", mutates_args=())
+def project(x: torch.Tensor, weight: torch.Tensor, handle: int, out_dtype: torch.dtype) -> torch.Tensor:
+    """``x @ weight^T`` through the prepared projection ``handle``, else ``F.linear``."""
+    layer = _registry[handle]
+    rows = x.reshape(-1, x.shape[-1])
+    prepared = layer.prepared
+    if prepared is None or rows.shape[0] not in prepared.kernels:
+        layer.fallbacks["batch without a tactic" if prepared is not None else "not prepared"] += 1
+        return F.linear(x, weight).to(out_dtype)
+    if rows.data_ptr() % 16 or (rows.shape[0] > 1 and rows.stride(0) * rows.element_size() % 16):
+        rows = rows.clone()  # TMA wants 16-byte aligned rows; a fresh copy has them
+    out = torch.empty(rows.shape[0], weight.shape[0], device=x.device, dtype=out_dtype)
+    prepared.run(rows, out)
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+@project.register_fake
+def _(x, weight, handle, out_dtype):
+    return x.new_empty(*x.shape[:-1], weight.shape[0], dtype=out_dtype)
+
+
+class ProjectionLinear(nn.Module):
+    """``y = x @ W^T (+ b)`` with the split-K decode kernel for the prepared padded batches."""
+
+    def __init__(self, weight, bias=None, *, batches=(1, 2, 4, 8, 16, 32, 64), output_dtype=None,
+                 batch_invariant=False):
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach(), requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        self.batches = tuple(batches)
+        self.output_dtype = output_dtype or (weight.dtype if weight.dtype == torch.bfloat16 else torch.float32)
+        self.batch_invariant = batch_invariant
+        self.fallbacks = Counter()
+        self.prepared = None
+        self.handle = next(_handles)
+        _registry[self.handle] = self
+        self.prepare()
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, **options):
+        """A ProjectionLinear holding ``linear``'s weight and bias."""
+        return cls(linear.weight, linear.bias, **options)
+
+    def prepare(self):
+        """(Re)build the prepared projection for the weight as it is now; CPU or unsupported: none."""
+        self.prepared = None
+        weight = self.weight
+        if weight.device.type != "cuda" or weight.dtype not in WEIGHT_DTYPES:
+            return
+        architecture(weight.device)
+        n, k = weight.shape
+        policies, _ = resolve_policies(
+            n, k, self.batches, gpu=gpu_spec(weight.device), weight_dtype=weight.dtype,
+            output_dtype=self.output_dtype, batch_invariant=self.batch_invariant,
+        )
+        self.prepared = PreparedProjection(weight.data, policies, output_dtype=self.output_dtype).prepare()
+
+    def _apply(self, fn, *args, **kwargs):
+        """Moving or casting the module re-prepares the projection for the new weight."""
+        result = super()._apply(fn, *args, **kwargs)
+        self.prepare()
+        return result
+
+    def __setattr__(self, name, value):
+        super().__setattr__(name, value)
+        if name == "weight" and "prepared" in self.__dict__:
+            self.prepare()
+
+    def forward(self, x):
+        if self.prepared is None or x.device != self.weight.device or x.dtype != self.weight.dtype:
+            self.fallbacks["unsupported device or dtype"] += 1
+            return F.linear(x, self.weight, self.bias).to(self.output_dtype)
+        out = project(x, self.weight, self.handle, self.output_dtype)
+        return out if self.bias is None else out + self.bias
+
+    def extra_repr(self):
+        n, k = self.weight.shape
+        return f"in_features={k}, out_features={n}, batches={self.batches}, bias={self.bias is not None}"

@@ -1,0 +1,31 @@
+"""CPU tests of ProjectionLinear: the fake op for tracing, and counted fallbacks."""
+
+import torch
+from torch import nn
+
+from decode_projection.layer import ProjectionLinear, project
+
+
+def test_fake_implementation_gives_shape_and_dtype():
+    layer = ProjectionLinear(torch.randn(48, 64, dtype=torch.bfloat16))
+    x = torch.empty(3, 5, 64, device="meta", dtype=torch.bfloat16)
+    weight = torch.empty(48, 64, device="meta", dtype=torch.bfloat16)
+    out = project(x, weight, layer.handle, torch.float32)
+    assert out.shape == (3, 5, 48) and out.dtype == torch.float32 and out.device.type == "meta"
+
+
+def test_opcheck_on_the_fallback_path():
+    layer = ProjectionLinear(torch.randn(48, 64, dtype=torch.bfloat16))
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    torch.library.opcheck(project, (x, layer.weight, layer.handle, torch.bfloat16),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_cpu_module_falls_back_and_counts():
+    linear = nn.Linear(64, 48, bias=True, dtype=torch.bfloat16)
+    layer = ProjectionLinear.from_linear(linear)
+    x = torch.randn(2, 3, 64, dtype=torch.bfloat16)
+    assert layer.prepared is None
+    torch.testing.assert_close(layer(x), linear(x))
+    assert layer.fallbacks["unsupported device or dtype"] == 1
+    assert "out_features=48" in repr(layer)

@@ -1,0 +1,75 @@
+"""GPU tests of ProjectionLinear: correctness, fallbacks, torch.compile(fullgraph=True) and CUDA graphs."""
+
+import pytest
+import torch
+from torch import nn
+
+from decode_projection.checks import assert_close_to_reference
+from decode_projection.layer import ProjectionLinear
+
+pytestmark = pytest.mark.gpu
+
+
+class TwoLayers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = ProjectionLinear(torch.randn(3072, 1536, device="cuda", dtype=torch.bfloat16), batches=(1, 4, 8))
+        self.down = ProjectionLinear(torch.randn(1536, 3072, device="cuda", dtype=torch.bfloat16) / 50,
+                                     torch.randn(1536, device="cuda", dtype=torch.bfloat16), batches=(1, 4, 8))
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+
+def test_matches_linear_for_any_leading_shape():
+    linear = nn.Linear(1536, 2304, bias=False, device="cuda", dtype=torch.bfloat16)
+    layer = ProjectionLinear.from_linear(linear, batches=(1, 8))
+    x = torch.randn(2, 4, 1536, device="cuda", dtype=torch.bfloat16)
+    out = layer(x)
+    assert out.shape == (2, 4, 2304) and not layer.fallbacks
+    assert_close_to_reference(out.reshape(8, -1), x.reshape(8, -1), layer.weight, label="layer")
+
+
+def test_unprepared_batch_falls_back_and_is_counted():
+    layer = ProjectionLinear(torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16), batches=(1, 8))
+    x = torch.randn(5, 1024, device="cuda", dtype=torch.bfloat16)
+    torch.testing.assert_close(layer(x), x @ layer.weight.T)
+    assert layer.fallbacks["batch without a tactic"] == 1
+
+
+def test_moving_and_replacing_the_weight_reprepare():
+    layer = ProjectionLinear(torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16), batches=(4,))
+    x = torch.randn(4, 1024, device="cuda", dtype=torch.bfloat16)
+    layer.cpu()
+    assert layer.prepared is None
+    layer(x.cpu())
+    layer.cuda()
+    assert layer.prepared is not None
+    layer.weight = nn.Parameter(torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16), requires_grad=False)
+    assert_close_to_reference(layer(x), x, layer.weight, label="replaced weight")
+    assert layer.fallbacks["unsupported device or dtype"] == 1
+
+
+def test_torch_compile_fullgraph_runs_the_kernel():
+    model = TwoLayers()
+    x = torch.randn(4, 1536, device="cuda", dtype=torch.bfloat16)
+    eager = model(x)
+    compiled = torch.compile(model, fullgraph=True)
+    torch.testing.assert_close(compiled(x), eager)
+    assert not model.up.fallbacks and not model.down.fallbacks
+
+
+def test_cuda_graph_capture_of_a_model():
+    model = TwoLayers()
+    x = torch.randn(8, 1536, device="cuda", dtype=torch.bfloat16)
+    model(x)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = model(x)
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, model(x), rtol=0, atol=0)
+    assert not model.up.fallbacks
