@@ -16,7 +16,7 @@ import torch
 from tqdm import tqdm
 
 from .ceiling import stream_read
-from .checks import assert_close_to_reference, relative_error
+from .checks import Reference
 from .policies import gpu_spec, resolve_policies
 from .projection import PreparedProjection
 from .timing import cold_copies, graph_time_us
@@ -81,16 +81,15 @@ def bench_shape(n, k, batches, kinds, *, weight_dtype, output_dtype, progress):
     for batch in batches:
         x = torch.randn(batch, k, device=device).to(weight_dtype)
         outs = [torch.full((batch, n), float("nan"), device=device, dtype=output_dtype) for _ in range(copies)]
-        reference = x.double() @ weights[0].double().T
-        baseline = torch.matmul(x, weights[0].T)
-        if not relative_error(baseline, reference) < 1e-2:
-            raise AssertionError(f"torch.matmul is off for {n}x{k} M={batch}")
+        reference = Reference(x, weights[0], output_dtype)
+        if not reference.torch_error < 1e-2:
+            raise AssertionError(f"torch.matmul is off for {n}x{k} M={batch}: {reference.torch_error:.3g}")
         cublas = graph_time_us(lambda i: torch.matmul(x, weights[i].T, out=outs[i]), copies)
         for kind in kinds:
             projections, sources = prepared[kind]
             outs[0].fill_(float("nan"))
             projections[0].run(x, outs[0])
-            assert_close_to_reference(outs[0], x, weights[0], label=f"{kind} {n}x{k} M={batch}")
+            reference.check(outs[0], label=f"{kind} {n}x{k} M={batch}")
             us = graph_time_us(lambda i: projections[i].run(x, outs[i]), copies)
             tactic = projections[0].policies[batch]
             cells.append(Cell(n, k, batch, kind, sources[batch], tuple(asdict(tactic).values()), us, cublas, ceiling))

@@ -18,17 +18,27 @@ def worst_element(value, reference):
     return row, col, value[row, col].item(), reference[row, col].item()
 
 
+class Reference:
+    """float64 ``x @ weight^T`` and the error bound torch.matmul sets on the same inputs."""
+
+    def __init__(self, x, weight, out_dtype):
+        self.value = x.double() @ weight.double().T
+        self.torch_error = relative_error(torch.matmul(x, weight.T).to(out_dtype), self.value)
+        # Both accumulate in FP32 and round once to the output dtype.
+        self.bound = 2.0 * self.torch_error + 1e-6
+
+    def check(self, out, label=""):
+        """Raise with the worst element's coordinates unless ``out`` is within the bound; returns its error."""
+        ours = relative_error(out, self.value)
+        if not torch.isfinite(out).all() or not ours <= self.bound:
+            row, col, got, want = worst_element(out, self.value)
+            raise AssertionError(
+                f"{label}: relative error {ours:.3g} > bound {self.bound:.3g} (torch.matmul "
+                f"{self.torch_error:.3g}); worst element out[{row}, {col}] = {got} vs {want}"
+            )
+        return ours
+
+
 def assert_close_to_reference(out, x, weight, *, label=""):
     """Judge ``out`` against float64 ``x @ weight^T``, relative to torch.matmul's own error."""
-    reference = x.double() @ weight.double().T
-    ours = relative_error(out, reference)
-    torch_error = relative_error(torch.matmul(x, weight.T).to(out.dtype), reference)
-    # Both accumulate in FP32 and round once to the output dtype.
-    bound = 2.0 * torch_error + 1e-6
-    if not torch.isfinite(out).all() or not ours <= bound:
-        row, col, got, want = worst_element(out, reference)
-        raise AssertionError(
-            f"{label}: relative error {ours:.3g} > bound {bound:.3g} (torch.matmul {torch_error:.3g}); "
-            f"worst element out[{row}, {col}] = {got} vs {want}"
-        )
-    return ours
+    return Reference(x, weight, out.dtype).check(out, label)

@@ -18,7 +18,7 @@ import cutlass
 import torch
 from tqdm import tqdm
 
-from .checks import assert_close_to_reference
+from .checks import Reference
 from .policies import candidate_tactics, gpu_spec
 from .projection import PreparedProjection, compile_projection
 from .runtime import architecture
@@ -36,12 +36,13 @@ def tune_shape(n, k, batches, *, weight_dtype, output_dtype, batch_invariant, li
     for batch in sorted(batches):
         x = torch.randn(batch, k, device=device).to(weight_dtype)
         outs = [torch.empty(batch, n, device=device, dtype=output_dtype) for _ in range(copies)]
+        reference = Reference(x, weights[0], output_dtype)
         timed = []
         for tactic in candidate_tactics(n, k, batch, gpu, limit=limit, split=pinned_split):
             projections = [PreparedProjection(w, {batch: tactic}, output_dtype=output_dtype).prepare() for w in weights]
             outs[0].fill_(float("nan"))
             projections[0].run(x, outs[0])
-            assert_close_to_reference(outs[0], x, weights[0], label=f"{n}x{k} M={batch} {tactic}")
+            reference.check(outs[0], label=f"{n}x{k} M={batch} {tactic}")
             timed.append((graph_time_us(lambda i: projections[i].run(x, outs[i]), copies, repeats=7), tactic))
             progress.update()
         best_us, best = min(timed, key=lambda pair: pair[0])
