@@ -12,13 +12,17 @@ other batch, so a row is summed in the same order whatever the batch.
 """
 
 import datetime
+import multiprocessing
+import os
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 import cutlass
 import torch
 from tqdm import tqdm
 
 from .checks import Reference
+from .disk_cache import cache_dir
 from .policies import candidate_tactics, gpu_spec
 from .projection import PreparedProjection, compile_projection
 from .runtime import architecture
@@ -58,18 +62,35 @@ def tune_shape(n, k, batches, *, weight_dtype, output_dtype, batch_invariant, li
     return entries
 
 
+def _compile_one(args):
+    """Worker: compile one kernel into the persistent cache."""
+    compile_projection(*args)
+
+
 def precompile(shapes, batches, *, output_dtype, weight_dtype, limit):
-    """Compile every candidate up front so the timed loop never waits on the compiler."""
+    """Compile every candidate up front, in parallel worker processes, so timing never waits on the compiler.
+
+    Workers write to the persistent compile cache; the tuning process then loads
+    from it. Without a disk cache the kernels are compiled here, one by one.
+    """
     arch = architecture(torch.device("cuda", torch.cuda.current_device()))
     gpu = gpu_spec(torch.cuda.current_device())
-    tactics = {
-        tactic
-        for n, k in shapes
-        for batch in batches
-        for tactic in candidate_tactics(n, k, batch, gpu, limit=limit)
-    }
-    for tactic in tqdm(sorted(tactics, key=str), desc="compile", unit="kernel"):
-        compile_projection(tactic, output_dtype, arch, weight_dtype)
+    jobs = sorted(
+        {
+            (tactic, output_dtype, arch, weight_dtype)
+            for n, k in shapes
+            for batch in batches
+            for tactic in candidate_tactics(n, k, batch, gpu, limit=limit)
+        },
+        key=str,
+    )
+    workers = min(len(jobs), os.cpu_count() or 1)
+    if cache_dir() is not None and workers > 1:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            for _ in tqdm(pool.map(_compile_one, jobs), total=len(jobs), desc=f"compile ({workers} processes)"):
+                pass
+    for job in tqdm(jobs, desc="load", unit="kernel"):
+        compile_projection(*job)
 
 
 def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfloat16,
