@@ -108,8 +108,8 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
                 batch_invariant=batch_invariant, limit=limit, progress=progress,
             )
             progress.write(f"{n}x{k}: {time.perf_counter() - shape_started:.1f} s")
-    if out_path is not None:
-        write_table(out_path, entries, dsl_version=cutlass.__version__,
-                    measured=datetime.date.today().isoformat())
+            if out_path is not None:  # after every shape, so an interrupted run keeps what it measured
+                write_table(out_path, entries, dsl_version=cutlass.__version__,
+                            measured=datetime.date.today().isoformat())
     print(f"tuned {len(shapes)} shapes x {len(batches)} batches in {time.perf_counter() - started:.0f} s")
     return entries
