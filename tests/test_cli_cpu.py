@@ -1,0 +1,38 @@
+"""CPU tests of the command line: the compile-only report and argument errors."""
+
+import pytest
+import torch
+
+from decode_projection.__main__ import main
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+def test_bench_without_gpu_reports_compiled_kernels(no_gpu, capsys):
+    assert main(["bench", "--shape", "2304x1536", "--batches", "1,64", "--policies", "heuristic"]) == 0
+    out = capsys.readouterr().out
+    assert "(128,8,4,13)" in out and "(128,64,4,9)" in out
+    assert "Timing needs a Hopper GPU" in out
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith("(")]
+    assert rows and all(int(row[4]) > 0 and int(row[5]) > 0 and row[6] == "0" for row in rows)
+
+
+def test_tune_without_gpu_says_so(no_gpu, capsys, tmp_path):
+    assert main(["tune", "--shape", "2304x1536", "--out", str(tmp_path / "t.json")]) == 2
+    assert "needs a Hopper GPU" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [
+    ["bench", "--shape", "2304by1536"],
+    ["bench", "--batches", "1,x"],
+    ["bench", "--batches", "0"],
+    ["bench", "--policies", "fastest"],
+    ["bench", "--dtype", "fp8"],
+])
+def test_bad_arguments_exit_with_usage(argv, no_gpu):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
