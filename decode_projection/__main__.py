@@ -37,10 +37,28 @@ def hopper_available():
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
+def render(cells, meta, args):
+    """Print the tables and write the requested CSV, JSON and plot."""
+    from .bench import format_tables, plot, write_csv, write_json
+
+    print(f"{meta['gpu']} ({meta['sm_count']} SMs), torch {meta['torch']}, CUDA {meta['cuda']}, "
+          f"CuTe DSL {meta['cutlass_dsl']}, {meta['date']}")
+    print(format_tables(cells))
+    if args.csv:
+        write_csv(args.csv, cells)
+    if args.json:
+        write_json(args.json, cells, meta)
+    if args.plot:
+        plot(args.plot, cells, f"{meta['gpu']}, {meta['date']}: cold L2, CUDA-graph replay")
+
+
 def bench(args):
     """Time the workload, or compile it and report when there is no Hopper GPU."""
-    from .bench import format_tables, plot, run_benchmark, write_csv, write_json
+    from .bench import load_json, run_benchmark
 
+    if args.from_json:
+        render(*load_json(args.from_json), args)
+        return 0
     kinds = args.policies.split(",")
     weight_dtype, output_dtype = DTYPES[args.dtype], DTYPES[args.out_dtype]
     if not hopper_available():
@@ -59,15 +77,7 @@ def bench(args):
         "cuda": torch.version.cuda, "cutlass_dsl": cutlass.__version__, "python": platform.python_version(),
         "date": datetime.date.today().isoformat(), "method": "cold L2 (weight copies > 3x L2), CUDA-graph replay, median",
     }
-    print(f"{meta['gpu']} ({meta['sm_count']} SMs), torch {meta['torch']}, CUDA {meta['cuda']}, "
-          f"CuTe DSL {meta['cutlass_dsl']}, {meta['date']}")
-    print(format_tables(cells))
-    if args.csv:
-        write_csv(args.csv, cells)
-    if args.json:
-        write_json(args.json, cells, meta)
-    if args.plot:
-        plot(args.plot, cells, f"{meta['gpu']}, {meta['date']}: cold L2, CUDA-graph replay")
+    render(cells, meta, args)
     return 0
 
 
@@ -103,6 +113,7 @@ def main(argv=None):
     run_bench.add_argument("--csv", help="write every cell as CSV")
     run_bench.add_argument("--json", help="write every cell and the run's metadata as JSON")
     run_bench.add_argument("--plot", help="write a PNG of time against batch per shape")
+    run_bench.add_argument("--from-json", help="re-render the tables and plot of a run saved with --json")
     run_tune = commands.add_parser("tune", help="tune tactics on this GPU and write a JSON table")
     common(run_tune)
     run_tune.add_argument("--batch-invariant", action="store_true", help="one split per shape for every batch")

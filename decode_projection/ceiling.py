@@ -90,4 +90,7 @@ def stream_read(weight: torch.Tensor) -> None:
         raise ValueError("stream_read needs a contiguous tensor whose size is a multiple of 16 bytes")
     code = compile_stream_read(architecture(weight.device))
     ctas = torch.cuda.get_device_properties(weight.device).multi_processor_count
-    code(to_cute(weight.view(torch.uint8).reshape(-1)), cutlass.Int32(ctas), current_stream(weight.device))
+    # The size must travel as a runtime value: a static-shape view would not
+    # match the compiled signature, and the kernel would read a wrong size.
+    data = to_cute(weight.view(torch.uint8).reshape(-1)).mark_layout_dynamic()
+    code(data, cutlass.Int32(ctas), current_stream(weight.device))
