@@ -127,3 +127,13 @@ def test_shipped_tables_load():
     for key, batches in tables.shipped_tables().items():
         assert key.gpu and key.sm_count > 0
         assert all(t.valid and t.activation_rows >= min(b, 256) for b, t in batches.items())
+
+
+@pytest.mark.parametrize("invariant", [False, True])
+def test_shipped_h200_tables_cover_the_workload(invariant):
+    shipped = tables.shipped_tables()
+    for n, k in KIMI_K3_SHAPES:
+        key = tables.TableKey("NVIDIA H200", 132, n, k, "bfloat16", "bfloat16", invariant)
+        assert sorted(shipped[key]) == list(DECODE_BATCHES)
+        if invariant:
+            assert len({t.split for t in shipped[key].values()}) == 1
