@@ -42,7 +42,7 @@ def render(cells, meta, args):
     from .bench import format_tables, plot, write_csv, write_json
 
     print(f"{meta['gpu']} ({meta['sm_count']} SMs), torch {meta['torch']}, CUDA {meta['cuda']}, "
-          f"CuTe DSL {meta['cutlass_dsl']}, {meta['date']}")
+          f"CuTe DSL {meta['cutlass_dsl']}, {meta['date']}; {meta['method']}")
     print(format_tables(cells))
     if args.csv:
         write_csv(args.csv, cells)
@@ -70,12 +70,15 @@ def bench(args):
         return 0
     import cutlass
 
-    cells = run_benchmark(args.shape, args.batches, kinds, weight_dtype=weight_dtype, output_dtype=output_dtype)
+    cells = run_benchmark(args.shape, args.batches, kinds, weight_dtype=weight_dtype, output_dtype=output_dtype,
+                          isolated=args.isolated)
     props = torch.cuda.get_device_properties(0)
     meta = {
         "gpu": props.name, "sm_count": props.multi_processor_count, "torch": torch.__version__,
         "cuda": torch.version.cuda, "cutlass_dsl": cutlass.__version__, "python": platform.python_version(),
-        "date": datetime.date.today().isoformat(), "method": "cold L2 (weight copies > 3x L2), CUDA-graph replay, median",
+        "date": datetime.date.today().isoformat(),
+        "method": "cold L2 (weight copies > 3x L2), CUDA-graph replay, median"
+        + (", a small foreign kernel before every launch (subtracted)" if args.isolated else ", back to back"),
     }
     render(cells, meta, args)
     return 0
@@ -114,6 +117,8 @@ def main(argv=None):
     run_bench.add_argument("--json", help="write every cell and the run's metadata as JSON")
     run_bench.add_argument("--plot", help="write a PNG of time against batch per shape")
     run_bench.add_argument("--from-json", help="re-render the tables and plot of a run saved with --json")
+    run_bench.add_argument("--isolated", action="store_true",
+                           help="run a small foreign kernel before every launch (no back-to-back overlap)")
     run_tune = commands.add_parser("tune", help="tune tactics on this GPU and write a JSON table")
     common(run_tune)
     run_tune.add_argument("--batch-invariant", action="store_true", help="one split per shape for every batch")

@@ -70,12 +70,14 @@ def policies_for(kind, n, k, batches, device, weight_dtype, output_dtype):
     )
 
 
-def bench_shape(n, k, batches, kinds, *, weight_dtype, output_dtype, progress):
-    """All cells of one weight shape."""
+def bench_shape(n, k, batches, kinds, *, weight_dtype, output_dtype, progress, isolated=False):
+    """All cells of one weight shape; ``isolated`` puts a small foreign kernel before every launch."""
     device = torch.device("cuda", torch.cuda.current_device())
+    scratch = torch.zeros(4096, device=device)
+    separator = (lambda: scratch.add_(1.0)) if isolated else None
     copies = cold_copies(n * k * 2, device)
     weights = [torch.randn(n, k, device=device).to(weight_dtype) for _ in range(copies)]
-    ceiling = graph_time_us(lambda i: stream_read(weights[i]), copies)
+    ceiling = graph_time_us(lambda i: stream_read(weights[i]), copies, separator=separator)
     if n * k * 2 / ceiling > PLAUSIBLE_BYTES_PER_US:
         raise AssertionError(f"read ceiling {n * k * 2 / ceiling / 1e6:.1f} TB/s for {n}x{k} is not physical")
     prepared = {}
@@ -89,26 +91,26 @@ def bench_shape(n, k, batches, kinds, *, weight_dtype, output_dtype, progress):
         reference = Reference(x, weights[0], output_dtype)
         if not reference.torch_error < 1e-2:
             raise AssertionError(f"torch.matmul is off for {n}x{k} M={batch}: {reference.torch_error:.3g}")
-        cublas = graph_time_us(lambda i: torch.matmul(x, weights[i].T, out=outs[i]), copies)
+        cublas = graph_time_us(lambda i: torch.matmul(x, weights[i].T, out=outs[i]), copies, separator=separator)
         for kind in kinds:
             projections, sources = prepared[kind]
             outs[0].fill_(float("nan"))
             projections[0].run(x, outs[0])
             reference.check(outs[0], label=f"{kind} {n}x{k} M={batch}")
-            us = graph_time_us(lambda i: projections[i].run(x, outs[i]), copies)
+            us = graph_time_us(lambda i: projections[i].run(x, outs[i]), copies, separator=separator)
             tactic = projections[0].policies[batch]
             cells.append(Cell(n, k, batch, kind, sources[batch], tuple(asdict(tactic).values()), us, cublas, ceiling))
             progress.update()
     return cells
 
 
-def run_benchmark(shapes, batches, kinds, *, weight_dtype, output_dtype):
+def run_benchmark(shapes, batches, kinds, *, weight_dtype, output_dtype, isolated=False):
     """Time every cell; returns the cells."""
     cells = []
     with tqdm(total=len(shapes) * len(batches) * len(kinds), desc="bench", unit="cell") as progress:
         for n, k in shapes:
             cells += bench_shape(n, k, batches, kinds, weight_dtype=weight_dtype,
-                                 output_dtype=output_dtype, progress=progress)
+                                 output_dtype=output_dtype, progress=progress, isolated=isolated)
     return cells
 
 
