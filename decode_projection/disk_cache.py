@@ -50,9 +50,21 @@ def source_fingerprint() -> str:
     return digest.hexdigest()
 
 
+@cache
+def dsl_settings() -> str:
+    """The DSL's compile-affecting settings (debug, line info, optimization, runtime library).
+
+    The environment's default ``arch`` is left out: we always pass ours.
+    """
+    from cutlass.cutlass_dsl import CuTeDSL
+
+    settings = CuTeDSL._get_dsl().envar.cache_key_str().split(";")
+    return ";".join(entry for entry in settings if not entry.startswith("arch="))
+
+
 def cache_key(*codegen_inputs) -> str:
-    """The file key of one kernel: its codegen inputs, the DSL version and our sources."""
-    text = repr((FORMAT, cutlass.__version__, source_fingerprint(), *codegen_inputs))
+    """The file key of one kernel: its codegen inputs, the DSL version and settings, and our sources."""
+    text = repr((FORMAT, cutlass.__version__, dsl_settings(), source_fingerprint(), *codegen_inputs))
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -63,24 +75,55 @@ def _load_runtime():
         ctypes.CDLL(library, mode=ctypes.RTLD_GLOBAL)
 
 
+def _load(path, prefix):
+    """The compiled function stored at ``path``."""
+    loaded = load_module(str(path))[prefix]
+    loaded.object_file = str(path)  # lets sass.kernel_report disassemble a cached kernel
+    return loaded
+
+
+def _save(directory, path, blob):
+    """Write ``blob`` to ``path`` atomically: a complete file or none."""
+    handle, temporary = tempfile.mkstemp(dir=directory, suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(blob)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+
+
 def cached_compile(compile_fn, *codegen_inputs):
-    """``compile_fn()``'s kernel, from the disk cache when present, else compiled and saved."""
+    """``compile_fn()``'s kernel, from the disk cache when present, else compiled and saved.
+
+    A cache that cannot be written (read-only, full) degrades to compiling in
+    memory; a damaged file is replaced.
+    """
     directory = cache_dir()
     if directory is None:
         return compile_fn()
-    directory.mkdir(parents=True, exist_ok=True)
     key = cache_key(*codegen_inputs)
     prefix = f"decode_projection_{key}"
     path = directory / f"{key}.o"
-    with open(directory / f"{key}.lock", "w") as lock:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        lock = open(directory / f"{key}.lock", "w")
+    except OSError:
+        return _load(path, prefix) if path.exists() else compile_fn()
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not path.exists():
-            _load_runtime()
-            blob = compile_fn().dump_to_object(prefix)
-            handle, temporary = tempfile.mkstemp(dir=directory, suffix=".tmp")
-            with os.fdopen(handle, "wb") as file:
-                file.write(blob)
-            os.replace(temporary, path)
-        loaded = load_module(str(path))[prefix]
-    loaded.object_file = str(path)  # lets sass.kernel_report disassemble a cached kernel
-    return loaded
+        if path.exists():
+            try:
+                return _load(path, prefix)
+            except Exception:  # a truncated or foreign file: compile again below
+                path.unlink()
+        _load_runtime()
+        compiled = compile_fn()
+        try:
+            _save(directory, path, compiled.dump_to_object(prefix))
+        except OSError:
+            return compiled
+        return _load(path, prefix)

@@ -30,12 +30,17 @@ TMA_ALIGN = 16  # bytes: TMA base address and row pitch granularity
 _compile_lock = threading.Lock()
 
 
-@cache
 def compile_projection(tactic, output_dtype, arch, weight_dtype=torch.bfloat16):
     """Code-only cache; weights, descriptors and activation pointers stay private.
 
     Backed by the persistent cache of ``disk_cache``, so a restart loads instead of compiling.
     """
+    return _compile(as_tactic(tactic), output_dtype, arch, weight_dtype)
+
+
+@cache
+def _compile(tactic, output_dtype, arch, weight_dtype):
+    """compile_projection on normalized arguments (a tuple and its SplitKTactic share one entry)."""
     operand = WEIGHT_DTYPES[weight_dtype]
 
     def fake(dtype, *, output):
@@ -47,8 +52,6 @@ def compile_projection(tactic, output_dtype, arch, weight_dtype=torch.bfloat16):
         # The output is written with plain stores: element alignment is enough.
         align = dtype.width // 8 if output else TMA_ALIGN
         return make_fake_tensor(dtype, shape, stride, assumed_align=align)
-
-    tactic = as_tactic(tactic)
 
     def build():
         args = (
@@ -62,6 +65,11 @@ def compile_projection(tactic, output_dtype, arch, weight_dtype=torch.bfloat16):
 
     with _compile_lock:
         return cached_compile(build, tactic, str(output_dtype), str(weight_dtype), arch)
+
+
+# The in-memory cache, inspectable and clearable through the public function.
+compile_projection.cache_info = _compile.cache_info
+compile_projection.cache_clear = _compile.cache_clear
 
 
 def matrix_view(tensor, *, output=False):
@@ -92,9 +100,27 @@ def weight_map(weight, rows):
     swizzle = cuda.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B
     l2 = cuda.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B
     n, k = weight.shape
-    pitch = weight.stride(0) * weight.element_size()
+    # A single row's pitch is never used, and PyTorch may report any stride there.
+    pitch = weight.stride(0) * weight.element_size() if n > 1 else -(-k // 8) * 16
     spec = (weight.data_ptr(), dtype, (k, n), (pitch,), (TILE_K, rows), swizzle, l2)
     return tensor_maps([spec], weight.device)
+
+
+# A compiled function loads its module on the device current at its first call
+# and stays bound to it (CuTe DSL 4.8.1); one kernel on two GPUs would launch in
+# the wrong context. Multi-GPU processes are refused until each device gets its
+# own executor.
+_kernel_devices = {}
+
+
+def _claim_device(code, device):
+    """Bind a compiled kernel to one device; refuse a second."""
+    bound = _kernel_devices.setdefault(id(code), (code, device))[1]
+    if bound != device:
+        raise ValueError(
+            f"this kernel already runs on {bound}; projections on several GPUs in one process "
+            f"are not supported yet (weight on {device})"
+        )
 
 
 def _describe(tensor):
@@ -121,7 +147,7 @@ class PreparedProjection:
                 f"projection weight must be a BF16/FP16 [N, K] matrix, got "
                 f"{tuple(weight.shape)} {weight.dtype}"
             )
-        pitch = weight.stride(0) * weight.element_size()
+        pitch = weight.stride(0) * weight.element_size() if weight.shape[0] > 1 else 0
         if weight.stride(1) != 1 or pitch % TMA_ALIGN or weight.data_ptr() % TMA_ALIGN:
             raise ValueError(
                 "projection weight rows need unit stride and a 16 B TMA pitch, got "
@@ -129,6 +155,8 @@ class PreparedProjection:
             )
         if min(weight.shape) == 0:
             raise ValueError(f"projection weight is empty: {_describe(weight)}")
+        if weight.shape[1] % 8 or max(weight.shape) >= 2**31:
+            raise ValueError(f"projection weight needs K % 8 == 0 and N, K < 2^31, got {_describe(weight)}")
         if output_dtype not in OUTPUT_DTYPES:
             raise ValueError(f"unsupported projection output dtype {output_dtype}")
         self.weight, self.device = weight, weight.device
@@ -162,9 +190,11 @@ class PreparedProjection:
     def prepare(self):
         """Compile (or fetch) each batch's kernel and build the weight's device TMA maps."""
         arch, dtype = architecture(self.device), self.output_dtype
+        self.maps.clear()  # descriptors of an earlier weight must never survive a re-prepare
         with torch.cuda.device(self.device):
             for batch, tactic in self.policies.items():
                 code = compile_projection(tactic, dtype, arch, self.weight.dtype)
+                _claim_device(code, self.device)
                 self.kernels[batch] = code
                 self.extra[batch] = self.weight_map(tactic.weight_rows)
         self.weight_view = matrix_view(self.weight)
@@ -216,6 +246,10 @@ class PreparedProjection:
             raise ValueError(
                 f"projection input needs a 16 B aligned base and row pitch, got {_describe(x)}"
             )
+        if batch > 1 and x.stride(0) < k:
+            raise ValueError(f"projection input rows overlap: {_describe(x)}")
+        if batch >= 2**31:
+            raise ValueError(f"projection batch must be below 2^31, got {_describe(x)}")
         if out.dtype != self.output_dtype:
             raise ValueError(f"projection output dtype {out.dtype} != {self.output_dtype}")
         if tuple(out.shape) != (batch, n):
@@ -230,5 +264,10 @@ class PreparedProjection:
         self._check(x, out)
         batch = x.shape[0]
         code, extra = self.kernels[batch], self.extra[batch]
-        code(self.weight_view, matrix_view(x), matrix_view(out, output=True), *extra, current_stream(self.device))
+        args = (self.weight_view, matrix_view(x), matrix_view(out, output=True), *extra, current_stream(self.device))
+        if torch.cuda.current_device() == self.device.index:
+            code(*args)
+        else:
+            with torch.cuda.device(self.device):
+                code(*args)
         return out

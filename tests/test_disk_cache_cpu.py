@@ -79,3 +79,31 @@ def test_two_processes_starting_together(cache_dir):
     assert outputs[0] == outputs[1] and "weight_map" in outputs[0]
     assert len(list(cache_dir.glob("*.o"))) == 1
     assert not list(cache_dir.glob("*.tmp"))
+
+
+def test_damaged_file_is_replaced(cache_dir):
+    compile_projection(TACTIC, torch.bfloat16, "sm_90a")
+    (stored,) = cache_dir.glob("*.o")
+    stored.write_bytes(stored.read_bytes()[:1000])
+    compile_projection.cache_clear()
+    again = compile_projection(TACTIC, torch.bfloat16, "sm_90a")
+    assert kernel_report(again).utmaldg > 0
+    assert stored.stat().st_size > 1000
+
+
+def test_unwritable_cache_compiles_in_memory(tmp_path, monkeypatch):
+    blocked = tmp_path / "file-not-dir"
+    blocked.write_text("")
+    monkeypatch.setenv("DECODE_PROJECTION_CACHE_DIR", str(blocked / "cache"))
+    compile_projection.cache_clear()
+    code = compile_projection(TACTIC, torch.bfloat16, "sm_90a")
+    assert kernel_report(code).utmaldg > 0
+    compile_projection.cache_clear()
+
+
+def test_key_includes_dsl_settings(monkeypatch):
+    settings = disk_cache.dsl_settings()
+    assert "lineinfo=" in settings and "arch=" not in settings
+    base = disk_cache.cache_key(*INPUTS)
+    monkeypatch.setattr(disk_cache, "dsl_settings", lambda: settings.replace("lineinfo=False", "lineinfo=True"))
+    assert disk_cache.cache_key(*INPUTS) != base

@@ -37,6 +37,8 @@ def test_weight_validation_messages():
         PreparedProjection(torch.zeros(8, 16, dtype=torch.bfloat16).T, {})
     with pytest.raises(ValueError, match="unit stride and a 16 B TMA pitch"):
         PreparedProjection(torch.zeros(8, 12, dtype=torch.bfloat16), {})  # 24-byte pitch
+    with pytest.raises(ValueError, match="K % 8 == 0"):
+        PreparedProjection(torch.zeros(8, 1024, dtype=torch.bfloat16)[:, :1004], {})
     with pytest.raises(ValueError, match="unsupported projection output dtype"):
         PreparedProjection(torch.zeros(8, 16, dtype=torch.bfloat16), {}, output_dtype=torch.float16)
     with pytest.raises(TypeError):
@@ -74,6 +76,7 @@ def test_run_rejects_bad_arguments(prepared):
         (x[None], out, ValueError, "must be 2-D"),
         ("x", out, TypeError, "torch.Tensor"),
         (x, x[:, :256], ValueError, "overlaps"),
+        (torch.randn(1, 512, dtype=torch.bfloat16).expand(4, 512), out, ValueError, "input rows overlap"),
     ]
     for bad_x, bad_out, error, message in cases:
         with pytest.raises(error, match=message):
@@ -86,6 +89,25 @@ def test_run_rejects_changed_weight(prepared):
         prepared.run(torch.randn(4, 512, dtype=torch.bfloat16), torch.empty(4, 256, dtype=torch.bfloat16))
 
 
+def test_reprepare_rebuilds_the_weight_maps(monkeypatch):
+    pretend_hopper(monkeypatch)
+    built = []
+    monkeypatch.setattr(projection, "tensor_maps", lambda specs, device: built.append(specs[0][0]) or torch.zeros(128, dtype=torch.uint8))
+    first, second = torch.randn(256, 512, dtype=torch.bfloat16), torch.randn(256, 512, dtype=torch.bfloat16)
+    prepared = PreparedProjection(first, {4: TACTIC}).prepare()
+    prepared.weight = second
+    prepared.prepare()
+    assert built == [first.data_ptr(), second.data_ptr()]
+
+
+def test_a_kernel_is_bound_to_one_device():
+    code = object()
+    projection._claim_device(code, torch.device("cuda", 0))
+    projection._claim_device(code, torch.device("cuda", 0))
+    with pytest.raises(ValueError, match="several GPUs"):
+        projection._claim_device(code, torch.device("cuda", 1))
+
+
 def test_unprepared_run_is_an_error():
     weight = torch.randn(64, 64, dtype=torch.bfloat16)
     fresh = PreparedProjection(weight, {4: TACTIC})
@@ -95,25 +117,22 @@ def test_unprepared_run_is_an_error():
 
 def test_cache_is_keyed_on_code_only(monkeypatch):
     pretend_hopper(monkeypatch)
+    compile_projection.cache_clear()
     small = PreparedProjection(torch.randn(64, 128, dtype=torch.bfloat16), {4: TACTIC}).prepare()
     large = PreparedProjection(torch.randn(2112, 7168, dtype=torch.bfloat16), {4: TACTIC}).prepare()
     assert small.kernels[4] is large.kernels[4]
-    base = compile_projection(TACTIC, torch.bfloat16, "sm_90a", torch.bfloat16)
-    assert base is small.kernels[4]
-    assert compile_projection(SplitKTactic(64, 8, 4, 4), torch.bfloat16, "sm_90a") is not base
-    assert compile_projection(TACTIC, torch.float32, "sm_90a") is not base
-    assert compile_projection(TACTIC, torch.bfloat16, "sm_90a", torch.float16) is not base
-    assert compile_projection.cache_info().currsize >= 4
-
-
-def test_cache_key_includes_arch():
-    # A different target compiles different code (or fails to): never the sm_90a object.
-    base = compile_projection(TACTIC, torch.bfloat16, "sm_90a")
-    try:
-        other = compile_projection(TACTIC, torch.bfloat16, "sm_100a")
-    except Exception:
-        return
-    assert other is not base
+    # A tuple and its SplitKTactic, an implicit and an explicit weight dtype: one entry.
+    assert compile_projection((64, 8, 2, 4), torch.bfloat16, "sm_90a", torch.bfloat16) is small.kernels[4]
+    assert compile_projection.cache_info().currsize == 1
+    variants = [
+        compile_projection(SplitKTactic(64, 8, 4, 4), torch.bfloat16, "sm_90a"),
+        compile_projection(TACTIC, torch.float32, "sm_90a"),
+        compile_projection(TACTIC, torch.bfloat16, "sm_90a", torch.float16),
+    ]
+    assert compile_projection.cache_info().currsize == 4
+    # Different codegen inputs give different code: the fp32 kernel stores 4-byte values.
+    reports = [kernel_report(code) for code in (small.kernels[4], *variants)]
+    assert len({report.sass for report in reports}) == 4
 
 
 def test_tactic_predicate_is_shared():
