@@ -18,6 +18,8 @@ def shape(text):
         n, k = (int(part) for part in text.lower().split("x"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"shape must look like 2112x7168, got {text!r}") from None
+    if n < 1 or k < 1:
+        raise argparse.ArgumentTypeError(f"shape extents must be positive, got {text!r}")
     return n, k
 
 

@@ -40,11 +40,12 @@ class Cell:
     us: float
     cublas_us: float
     ceiling_us: float | None  # None: not measured (or invalid) in that run
+    output_bytes: int = 2  # per output element: 2 for BF16, 4 for FP32
 
     @property
     def moved_bytes(self) -> int:
-        """Weight read once, activations read, output written (16-bit operands)."""
-        return 2 * (self.n * self.k + self.batch * self.k + self.batch * self.n)
+        """Weight read once, activations read (16-bit operands), output written."""
+        return 2 * (self.n * self.k + self.batch * self.k) + self.output_bytes * self.batch * self.n
 
     @property
     def tbps(self) -> float:
@@ -99,7 +100,8 @@ def bench_shape(n, k, batches, kinds, *, weight_dtype, output_dtype, progress, i
             reference.check(outs[0], label=f"{kind} {n}x{k} M={batch}")
             us = graph_time_us(lambda i: projections[i].run(x, outs[i]), copies, separator=separator)
             tactic = projections[0].policies[batch]
-            cells.append(Cell(n, k, batch, kind, sources[batch], tuple(asdict(tactic).values()), us, cublas, ceiling))
+            cells.append(Cell(n, k, batch, kind, sources[batch], tuple(asdict(tactic).values()), us, cublas, ceiling,
+                              outs[0].element_size()))
             progress.update()
     return cells
 

@@ -33,11 +33,18 @@ def project(x: torch.Tensor, weight: torch.Tensor, handle: int, out_dtype: torch
     layer = _registry[handle]
     rows = x.reshape(-1, x.shape[-1])
     prepared = layer.prepared
+    if prepared is not None and prepared._storage(weight) != prepared._prepared_storage:
+        # The weight was replaced behind the module's back (``layer.weight.data = ...``).
+        if torch.cuda.is_current_stream_capturing():
+            raise ValueError("ProjectionLinear's weight changed since it was prepared; call prepare() before capturing")
+        layer.prepare()
+        prepared = layer.prepared
     if prepared is None or rows.shape[0] not in prepared.kernels:
         layer.fallbacks["batch without a tactic" if prepared is not None else "not prepared"] += 1
         return F.linear(x, weight).to(out_dtype)
-    if rows.data_ptr() % 16 or (rows.shape[0] > 1 and rows.stride(0) * rows.element_size() % 16):
-        rows = rows.clone()  # TMA wants 16-byte aligned rows; a fresh copy has them
+    pitch = rows.stride(0) * rows.element_size()
+    if rows.stride(1) != 1 or rows.data_ptr() % 16 or (rows.shape[0] > 1 and (pitch % 16 or rows.stride(0) < rows.shape[1])):
+        rows = rows.clone(memory_format=torch.contiguous_format)  # TMA wants dense, 16-byte aligned rows
     out = torch.empty(rows.shape[0], weight.shape[0], device=x.device, dtype=out_dtype)
     prepared.run(rows, out)
     return out.reshape(*x.shape[:-1], weight.shape[0])
@@ -49,7 +56,13 @@ def _(x, weight, handle, out_dtype):
 
 
 class ProjectionLinear(nn.Module):
-    """``y = x @ W^T (+ b)`` with the split-K decode kernel for the prepared padded batches."""
+    """``y = x @ W^T (+ b)`` with the split-K decode kernel for the prepared padded batches.
+
+    The output is BF16 for BF16 weights and FP32 for FP16 weights (the kernel
+    writes BF16 or FP32) unless ``output_dtype`` says otherwise; a bias is added
+    to the rounded output. On a GPU other than Hopper the layer is plain
+    ``F.linear`` (``unsupported`` says why).
+    """
 
     def __init__(self, weight, bias=None, *, batches=(1, 2, 4, 8, 16, 32, 64), output_dtype=None,
                  batch_invariant=False):
@@ -61,8 +74,24 @@ class ProjectionLinear(nn.Module):
         self.batch_invariant = batch_invariant
         self.fallbacks = Counter()
         self.prepared = None
+        self.unsupported = None
+        self._register()
+        self.prepare()
+
+    def _register(self):
+        """Take a fresh handle for the custom op to find this layer by."""
         self.handle = next(_handles)
         _registry[self.handle] = self
+
+    def __getstate__(self):
+        # Descriptors and compiled code belong to this process and this copy.
+        state = dict(self.__dict__)
+        state.update(prepared=None, handle=None)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._register()
         self.prepare()
 
     @classmethod
@@ -76,7 +105,11 @@ class ProjectionLinear(nn.Module):
         weight = self.weight
         if weight.device.type != "cuda" or weight.dtype not in WEIGHT_DTYPES:
             return
-        architecture(weight.device)
+        try:
+            architecture(weight.device)
+        except ValueError as error:
+            self.unsupported = str(error)
+            return
         n, k = weight.shape
         policies, _ = resolve_policies(
             n, k, self.batches, gpu=gpu_spec(weight.device), weight_dtype=weight.dtype,

@@ -133,15 +133,15 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=6, split=None):
 def resolve_policies(n, k, batches, *, gpu: GpuSpec, weight_dtype, output_dtype, batch_invariant=False,
                      use_tables=True):
     """``({batch: tactic}, {batch: "table" | "heuristic"})``: tuned entries where a table matches."""
-    from .tables import TableKey, dtype_name, table_policies
+    from .tables import TableKey, dtype_name, table_policies, table_split
 
-    tuned = {}
+    tuned, split = {}, None
     if use_tables:
         key = TableKey(gpu.name, gpu.sm_count, n, k, dtype_name(weight_dtype), dtype_name(output_dtype),
                        batch_invariant)
         tuned = table_policies(key, batches)
-    # A batch-invariant table fixes the split for every batch, covered or not.
-    split = next(iter(tuned.values())).split if batch_invariant and tuned else None
+        # A batch-invariant table fixes the split for every batch, covered or not.
+        split = table_split(key)
     guessed = {
         b: default_tactic(n, k, b, gpu, batch_invariant=batch_invariant, split=split)
         for b in batches

@@ -58,7 +58,16 @@ def load_table(path) -> dict:
         except ValueError as error:
             raise ValueError(f"{path}: entry {entry} is no longer valid: {error}") from error
         table.setdefault(key_of(entry), {})[entry["batch"]] = tactic
+    check_invariant(table, path)
     return table
+
+
+def check_invariant(table, where) -> None:
+    """Batch-invariant entries must keep one split per shape, or rows would depend on the batch."""
+    for key, batches in table.items():
+        splits = {tactic.split for tactic in batches.values()}
+        if key.batch_invariant and len(splits) > 1:
+            raise ValueError(f"{where}: batch-invariant table for {key.n}x{key.k} mixes splits {sorted(splits)}")
 
 
 @cache
@@ -68,6 +77,7 @@ def shipped_tables() -> dict:
     for path in sorted(SHIPPED.glob("*.json")):
         for key, batches in load_table(path).items():
             merged.setdefault(key, {}).update(batches)
+    check_invariant(merged, SHIPPED)
     return merged
 
 
@@ -75,6 +85,12 @@ def table_policies(key: TableKey, batches, tables=None) -> dict:
     """The tuned tactics for those of ``batches`` the table covers (possibly none)."""
     found = (shipped_tables() if tables is None else tables).get(key, {})
     return {b: found[b] for b in batches if b in found}
+
+
+def table_split(key: TableKey, tables=None):
+    """The split a batch-invariant table uses for every batch of its shape, or None."""
+    found = (shipped_tables() if tables is None else tables).get(key, {})
+    return next(iter(found.values())).split if key.batch_invariant and found else None
 
 
 def write_table(path, entries, *, dsl_version: str, measured: str) -> None:

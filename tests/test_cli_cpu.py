@@ -27,6 +27,7 @@ def test_tune_without_gpu_says_so(no_gpu, capsys, tmp_path):
 
 @pytest.mark.parametrize("argv", [
     ["bench", "--shape", "2304by1536"],
+    ["bench", "--shape", "0x1536"],
     ["bench", "--batches", "1,x"],
     ["bench", "--batches", "0"],
     ["bench", "--policies", "fastest"],

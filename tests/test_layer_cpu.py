@@ -29,3 +29,30 @@ def test_cpu_module_falls_back_and_counts():
     torch.testing.assert_close(layer(x), linear(x))
     assert layer.fallbacks["unsupported device or dtype"] == 1
     assert "out_features=48" in repr(layer)
+
+
+def test_copies_get_their_own_handle():
+    import copy
+
+    layer = ProjectionLinear(torch.randn(48, 64, dtype=torch.bfloat16))
+    twin = copy.deepcopy(layer)
+    assert twin.handle != layer.handle
+    twin(torch.randn(2, 64, dtype=torch.bfloat16))
+    assert twin.fallbacks and not layer.fallbacks
+
+
+def test_non_hopper_gpu_falls_back(monkeypatch):
+    from decode_projection import layer as layer_module
+
+    def refuse(device):
+        raise ValueError("device cuda:0 has compute capability 8.0")
+
+    monkeypatch.setattr(layer_module, "architecture", refuse)
+    layer = ProjectionLinear(torch.randn(48, 64, dtype=torch.bfloat16))
+    layer.weight.data = layer.weight.data  # stays on the CPU: nothing to prepare
+    assert layer.prepared is None
+    # Pretend the weight is on a GPU the kernel does not support.
+    monkeypatch.setattr(torch.Tensor, "device", property(lambda self: torch.device("cuda", 0)), raising=False)
+    layer.prepare()
+    monkeypatch.undo()
+    assert layer.prepared is None and "8.0" in layer.unsupported

@@ -111,6 +111,18 @@ def test_batch_invariant_table_fixes_the_split_for_uncovered_batches(monkeypatch
                                       output_dtype=torch.bfloat16, batch_invariant=True)
     assert {t.split for t in found.values()} == {2}
     assert sources[1] == "table" and sources[256] == "heuristic"
+    # Even when no requested batch is in the table, its split holds.
+    found, _ = resolve_policies(2112, 7168, [5], gpu=H200, weight_dtype=torch.bfloat16,
+                                output_dtype=torch.bfloat16, batch_invariant=True)
+    assert found[5].split == 2
+
+
+def test_batch_invariant_table_with_two_splits_is_refused(tmp_path):
+    path = tmp_path / "mixed.json"
+    tables.write_table(path, [entry(1, (64, 8, 2, 25), invariant=True), entry(8, (64, 8, 4, 12), invariant=True)],
+                       dsl_version="4.8.1", measured="2026-12-02")
+    with pytest.raises(ValueError, match="mixes splits"):
+        tables.load_table(path)
 
 
 def test_stale_table_entry_fails_loudly(tmp_path):
