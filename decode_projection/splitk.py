@@ -55,6 +55,11 @@ class SplitKTactic:
     stages: int
 
     @property
+    def tile_mnk(self) -> tuple[int, int, int]:
+        """The CTA tile: (weight rows, activation rows, K)."""
+        return (self.weight_rows, self.activation_rows, TILE_K)
+
+    @property
     def consumer_groups(self) -> int:
         """Consumer warpgroups: one per 64 weight rows."""
         return self.weight_rows // WGMMA_ROWS
@@ -157,7 +162,6 @@ class SplitKGemm:
         operand = weight.element_type
         if cutlass.const_expr(activations.element_type != operand):
             raise TypeError(f"activations {activations.element_type} != weight {operand}")
-        tile_mnk = (t.weight_rows, t.activation_rows, TILE_K)
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
             operand,
             operand,
@@ -168,8 +172,8 @@ class SplitKGemm:
             tiler_mn=(WGMMA_ROWS, t.activation_rows),
         )
         k_major = utils.LayoutEnum.ROW_MAJOR
-        weight_smem = sm90_utils.make_smem_layout_a(k_major, tile_mnk, operand, t.stages)
-        act_smem = sm90_utils.make_smem_layout_b(k_major, tile_mnk, operand, t.stages)
+        weight_smem = sm90_utils.make_smem_layout_a(k_major, t.tile_mnk, operand, t.stages)
+        act_smem = sm90_utils.make_smem_layout_b(k_major, t.tile_mnk, operand, t.stages)
         act_tma, act_coords = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(),
             activations,
@@ -248,7 +252,7 @@ class SplitKGemm:
 
         if warp == self.producer_warp:
             g_act = cute.local_tile(
-                act_coords, tile_mnk_of(t), (n_tile, m_tile, None, 0), proj=(None, 1, 1)
+                act_coords, t.tile_mnk, (n_tile, m_tile, None, 0), proj=(None, 1, 1)
             )
             t_act_smem, t_act_global = cpasync.tma_partition(
                 act_tma,
@@ -407,8 +411,3 @@ class SplitKGemm:
                 n, m = coords[r]
                 if row0 + n < rows and col0 + m < cols:
                     out[row0 + n, col0 + m, 0] = total.to(out.element_type)
-
-
-def tile_mnk_of(tactic: SplitKTactic) -> tuple[int, int, int]:
-    """The CTA tile (weight rows, activation rows, K) of a tactic."""
-    return (tactic.weight_rows, tactic.activation_rows, TILE_K)
