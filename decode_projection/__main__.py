@@ -124,7 +124,7 @@ def main(argv=None):
     run_tune = commands.add_parser("tune", help="tune tactics on this GPU and write a JSON table")
     common(run_tune)
     run_tune.add_argument("--batch-invariant", action="store_true", help="one split per shape for every batch")
-    run_tune.add_argument("--candidates", type=int, default=6, help="tactics timed per cell (default: %(default)s)")
+    run_tune.add_argument("--candidates", type=int, default=8, help="tactics timed per cell (default: %(default)s)")
     run_tune.add_argument("--out", required=True, help="path of the JSON table to write")
     args = parser.parse_args(argv)
     args.shape = args.shape or list(KIMI_K3_SHAPES)

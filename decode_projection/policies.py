@@ -14,11 +14,17 @@ from dataclasses import dataclass
 
 import torch
 
-from .splitk import ACTIVATION_ROWS, SPLITS, TILE_K, WEIGHT_ROWS, SplitKTactic, as_tactic, max_stages
+from .splitk import (
+    ACTIVATION_ROWS, BARRIER_BYTES, SPLITS, TILE_K, WEIGHT_ROWS, SplitKTactic, as_tactic, max_stages,
+)
 
 MIN_K_TILES_PER_CTA = 4  # fewer and the pipeline never fills
 STREAMING_CTA_FRACTION = 0.375  # CTAs per SM that saturate HBM with deep pipelines
 COMPUTE_BOUND_ROWS = 128  # activation tiles from here on want every SM busy
+MIN_STAGES = 3  # shallower pipelines never won a sweep
+MOST_CTAS_PER_SM = 6  # enough for a 64-row, split-2 grid of the largest shape to fit in one wave
+RESERVED_SMEM_PER_CTA = 1024  # what the driver keeps per resident CTA on sm_90
+SM_FLOPS_PER_US = 6.0e6  # dense BF16 wgmma per SM, ~80% of the datasheet 989 TFLOPS / 132
 
 
 @dataclass(frozen=True)
@@ -87,47 +93,71 @@ def default_policies(n, k, batches, *, device=None, output_dtype=torch.bfloat16,
     return {b: default_tactic(n, k, b, gpu, batch_invariant=batch_invariant) for b in batches}
 
 
+def ctas_per_sm(tactic: SplitKTactic, gpu: GpuSpec = H200) -> int:
+    """How many CTAs of ``tactic`` shared memory lets one SM hold at once."""
+    return max(1, gpu.smem_per_sm // (tactic.smem_bytes + RESERVED_SMEM_PER_CTA))
+
+
 def predicted_time_us(n: int, k: int, batch: int, tactic: SplitKTactic, gpu: GpuSpec = H200) -> float:
     """A rough time for ranking tactics before timing them (not a promise).
 
     Bandwidth is limited by the bytes the resident CTAs keep in flight over a
-    ~2.5 us loaded memory latency, capped at the HBM ceiling; activation tiles
-    are re-read from L2 by every CTA; each extra wave and each split-K
-    reduction adds a fixed cost.
+    ~2.5 us loaded memory latency, capped at the HBM ceiling; the tensor cores
+    of the SMs that hold CTAs bound compute-heavy batches; activation tiles are
+    re-read from L2 by every CTA; each extra wave and each split-K reduction
+    adds a fixed cost.
     """
     latency_us, l2_bytes_per_us, launch_us, wave_us, reduce_us = 2.5, 10e6, 2.0, 1.0, 0.5
     n_tiles = math.ceil(n / tactic.weight_rows)
     m_tiles = math.ceil(batch / tactic.activation_rows)
     ctas = n_tiles * tactic.split * m_tiles
-    per_sm = max(1, gpu.smem_per_sm // (tactic.smem_bytes + 1024))
+    per_sm = ctas_per_sm(tactic, gpu)
     resident = min(ctas, gpu.sm_count * per_sm)
     in_flight = resident * tactic.stages * tactic.stage_bytes
     bandwidth = min(gpu.hbm_bytes_per_us, in_flight / latency_us)
     weight_us = m_tiles * n * k * 2 / bandwidth
     act_us = n_tiles * tactic.split * m_tiles * tactic.activation_rows * k * 2 / tactic.split / l2_bytes_per_us
+    # The busiest SM runs ceil(ctas / SMs) CTAs' MMAs one after another.
+    k_tiles_per_cta = math.ceil(math.ceil(k / TILE_K) / tactic.split)
+    cta_flops = 2 * tactic.weight_rows * tactic.activation_rows * TILE_K * k_tiles_per_cta
+    compute_us = math.ceil(ctas / gpu.sm_count) * cta_flops / SM_FLOPS_PER_US
     waves = math.ceil(ctas / (gpu.sm_count * per_sm))
     reduction = reduce_us if tactic.split > 1 else 0.0
-    return launch_us + weight_us + act_us + (waves - 1) * wave_us + reduction
+    return launch_us + max(weight_us, compute_us) + act_us + (waves - 1) * wave_us + reduction
 
 
-def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=6, split=None):
-    """The ``limit`` valid tactics the cost model ranks best, the heuristic's pick first.
-
-    ``split`` pins the split (batch-invariant tuning).
-    """
+def pool_tactics(batch, k, *, split=None):
+    """Every tactic worth timing for one batch: each tile and split, at the deepest
+    pipeline that lets 1 to MOST_CTAS_PER_SM CTAs share an SM (so a grid can fit in one wave)."""
     acts = activation_rows_for(batch)
-    pick = default_tactic(n, k, batch, gpu, split=split)
     splits = [split] if split is not None else [s for s in SPLITS if s <= largest_split(k)]
     pool = set()
     for rows in WEIGHT_ROWS:
         for s in splits:
-            deepest = max_stages(rows, acts, s)
-            for stages in {max(2, deepest // 2), deepest}:
+            for resident in range(1, MOST_CTAS_PER_SM + 1):
+                probe = SplitKTactic(rows, acts, s, 1)
+                budget = H200.smem_per_sm // resident - RESERVED_SMEM_PER_CTA - BARRIER_BYTES
+                stages = min(max_stages(rows, acts, s), budget // probe.stage_bytes)
                 tactic = SplitKTactic(rows, acts, s, stages)
-                if tactic.valid:
+                if stages >= MIN_STAGES and tactic.valid:
                     pool.add(tactic)
-    ranked = sorted(pool - {pick}, key=lambda t: predicted_time_us(n, k, batch, t, gpu))
-    return ([pick] if pick.valid else []) + ranked[: limit - 1]
+    return pool
+
+
+def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, split=None):
+    """Up to ``limit`` valid tactics: the heuristic's pick, then the cost model's best of
+    each (tile, split) family, then its best overall.
+
+    ``split`` pins the split (batch-invariant tuning).
+    """
+    pick = default_tactic(n, k, batch, gpu, split=split)
+    ranked = sorted(pool_tactics(batch, k, split=split) - {pick},
+                    key=lambda t: (predicted_time_us(n, k, batch, t, gpu), str(t)))
+    family_bests = list({(t.weight_rows, t.split): t for t in reversed(ranked)}.values())
+    family_bests.sort(key=ranked.index)
+    chosen = ([pick] if pick.valid else []) + family_bests
+    chosen += [t for t in ranked if t not in chosen]
+    return chosen[:limit]
 
 
 def resolve_policies(n, k, batches, *, gpu: GpuSpec, weight_dtype, output_dtype, batch_invariant=False,

@@ -308,7 +308,11 @@ class SplitKGemm:
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
             k_blocks = cute.size(frag_weight, mode=[2])
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.stages)
-            for _ in cutlass.range(k_count, unroll=1):
+            # One wgmma group stays in flight: a stage is released once the group
+            # after it has been issued, so the tensor cores never wait on the
+            # release round trip (what limits compute-bound batches).
+            retired = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.stages)
+            for i in cutlass.range(k_count, unroll=1):
                 tiles.consumer_wait(state)
                 warpgroup.fence()
                 for kb in cutlass.range_constexpr(k_blocks):
@@ -320,9 +324,14 @@ class SplitKGemm:
                         acc,
                     )
                 warpgroup.commit_group()
-                warpgroup.wait_group(0)
-                tiles.consumer_release(state)
+                warpgroup.wait_group(1)
+                if i > 0:
+                    tiles.consumer_release(retired)
+                    retired.advance()
                 state.advance()
+            warpgroup.wait_group(0)
+            if k_count > 0:
+                tiles.consumer_release(retired)
             # This CTA has streamed its weights: let the next kernel start its
             # prologue, and wait for the previous one before writing ``out``.
             cute.arch.griddepcontrol_launch_dependents()
