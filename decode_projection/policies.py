@@ -10,18 +10,19 @@ flight; past that, extra split only adds reduction work. Compute-bound batches
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from .splitk import (
-    ACTIVATION_ROWS, BARRIER_BYTES, SPLITS, TILE_K, WEIGHT_ROWS, SplitKTactic, as_tactic, max_stages,
+    ACTIVATION_ROWS, BARRIER_BYTES, K_BOXES, SPLITS, TILE_K, WEIGHT_ROWS, SplitKTactic, as_tactic, max_stages,
 )
 
 MIN_K_TILES_PER_CTA = 4  # fewer and the pipeline never fills
 STREAMING_CTA_FRACTION = 0.375  # CTAs per SM that saturate HBM with deep pipelines
 COMPUTE_BOUND_ROWS = 128  # activation tiles from here on want every SM busy
 MIN_STAGES = 3  # shallower pipelines never won a sweep
+WIDE_STAGE_CANDIDATES = 4  # slots for 2- and 4-box stages of the two best one-box tactics
 MOST_CTAS_PER_SM = 6  # enough for a 64-row, split-2 grid of the largest shape to fit in one wave
 RESERVED_SMEM_PER_CTA = 1024  # what the driver keeps per resident CTA on sm_90
 SM_FLOPS_PER_US = 6.0e6  # dense BF16 wgmma per SM, ~80% of the datasheet 989 TFLOPS / 132
@@ -61,17 +62,23 @@ def largest_split(k: int) -> int:
     return max(fitting, default=1)
 
 
-def default_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, batch_invariant=False, split=None):
+def default_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, batch_invariant=False, order=None):
     """The heuristic's tactic for one padded batch.
 
     With ``batch_invariant`` the split (and so the order K is summed in) is the
     one batch 1 gets, so a row's result never depends on the batch it is in;
-    ``split`` pins it instead (to match a tuned batch-invariant table).
+    ``order`` = (split, k boxes) pins it instead (to match a tuned batch-invariant table).
     """
     acts = activation_rows_for(batch)
-    if split is not None:
+    if order is not None:
+        split, k_boxes = order
         rows = default_tactic(n, k, 1, gpu, batch_invariant=True).weight_rows
-        return as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split)))
+        # Wide stages may not fit a large activation tile: tile the batch instead.
+        fitting = (
+            SplitKTactic(rows, tile, split, max_stages(rows, tile, split, k_boxes), k_boxes)
+            for tile in sorted(ACTIVATION_ROWS, reverse=True) if tile <= acts
+        )
+        return as_tactic(next((t for t in fitting if t.valid), SplitKTactic(rows, 8, split, 1, k_boxes)))
     split_rows = activation_rows_for(1) if batch_invariant else acts
     fraction = 1.0 if split_rows >= COMPUTE_BOUND_ROWS else STREAMING_CTA_FRACTION
     target = math.ceil(fraction * gpu.sm_count)
@@ -118,62 +125,89 @@ def predicted_time_us(n: int, k: int, batch: int, tactic: SplitKTactic, gpu: Gpu
     weight_us = m_tiles * n * k * 2 / bandwidth
     act_us = n_tiles * tactic.split * m_tiles * tactic.activation_rows * k * 2 / tactic.split / l2_bytes_per_us
     # The busiest SM runs ceil(ctas / SMs) CTAs' MMAs one after another.
-    k_tiles_per_cta = math.ceil(math.ceil(k / TILE_K) / tactic.split)
-    cta_flops = 2 * tactic.weight_rows * tactic.activation_rows * TILE_K * k_tiles_per_cta
+    k_tiles_per_cta = math.ceil(math.ceil(k / tactic.tile_k) / tactic.split)
+    cta_flops = 2 * tactic.weight_rows * tactic.activation_rows * tactic.tile_k * k_tiles_per_cta
     compute_us = math.ceil(ctas / gpu.sm_count) * cta_flops / SM_FLOPS_PER_US
     waves = math.ceil(ctas / (gpu.sm_count * per_sm))
     reduction = reduce_us if tactic.split > 1 else 0.0
     return launch_us + max(weight_us, compute_us) + act_us + (waves - 1) * wave_us + reduction
 
 
-def pool_tactics(batch, k, *, split=None):
+def activation_tile_choices(batch: int) -> list[int]:
+    """Activation tiles worth timing: the covering one, and from compute-bound batches on
+    also a half and a quarter of it (more CTAs for the tensor cores, less padding at 192,
+    at the price of reading the weight once per activation tile)."""
+    covering = activation_rows_for(batch)
+    if covering < COMPUTE_BOUND_ROWS:
+        return [covering]
+    return [covering, covering // 2, covering // 4]
+
+
+def pool_tactics(batch, k, *, order=None):
     """Every tactic worth timing for one batch: each tile and split, at the deepest
-    pipeline that lets 1 to MOST_CTAS_PER_SM CTAs share an SM (so a grid can fit in one wave)."""
-    acts = activation_rows_for(batch)
-    splits = [split] if split is not None else [s for s in SPLITS if s <= largest_split(k)]
+    pipeline that lets 1 to MOST_CTAS_PER_SM CTAs share an SM (so a grid can fit in one wave).
+
+    One box per stage unless ``order`` = (split, k boxes) pins both.
+    """
+    splits = [order[0]] if order is not None else [s for s in SPLITS if s <= largest_split(k)]
+    k_boxes = order[1] if order is not None else 1
     pool = set()
-    for rows in WEIGHT_ROWS:
-        for s in splits:
-            for resident in range(1, MOST_CTAS_PER_SM + 1):
-                probe = SplitKTactic(rows, acts, s, 1)
-                budget = H200.smem_per_sm // resident - RESERVED_SMEM_PER_CTA - BARRIER_BYTES
-                stages = min(max_stages(rows, acts, s), budget // probe.stage_bytes)
-                tactic = SplitKTactic(rows, acts, s, stages)
-                if stages >= MIN_STAGES and tactic.valid:
-                    pool.add(tactic)
+    for acts in activation_tile_choices(batch):
+        for rows in WEIGHT_ROWS:
+            for s in splits:
+                for resident in range(1, MOST_CTAS_PER_SM + 1):
+                    probe = SplitKTactic(rows, acts, s, 1, k_boxes)
+                    budget = H200.smem_per_sm // resident - RESERVED_SMEM_PER_CTA - BARRIER_BYTES
+                    stages = min(max_stages(rows, acts, s, k_boxes), budget // probe.stage_bytes)
+                    tactic = SplitKTactic(rows, acts, s, stages, k_boxes)
+                    if stages >= MIN_STAGES and tactic.valid:
+                        pool.add(tactic)
     return pool
 
 
-def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, split=None):
-    """Up to ``limit`` valid tactics: the heuristic's pick, then the cost model's best of
-    each (tile, split) family, then its best overall.
+def with_k_boxes(tactic: SplitKTactic, k_boxes: int) -> SplitKTactic:
+    """``tactic`` with ``k_boxes`` boxes per stage in about the same shared memory."""
+    wider = replace(tactic, k_boxes=k_boxes, stages=1)
+    return replace(wider, stages=tactic.stages * tactic.stage_bytes // wider.stage_bytes)
 
-    ``split`` pins the split (batch-invariant tuning).
+
+def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
+    """Up to ``limit`` valid tactics: the heuristic's pick, then the cost model's best of
+    each (tile, split) family, then its best overall; unless ``order`` pins the split and
+    K boxes, the last WIDE_STAGE_CANDIDATES slots go to the two best with 2 and 4 boxes per
+    stage (the model cannot tell those apart: only timing can).
     """
-    pick = default_tactic(n, k, batch, gpu, split=split)
-    ranked = sorted(pool_tactics(batch, k, split=split) - {pick},
+    pick = default_tactic(n, k, batch, gpu, order=order)
+    ranked = sorted(pool_tactics(batch, k, order=order) - {pick},
                     key=lambda t: (predicted_time_us(n, k, batch, t, gpu), str(t)))
-    family_bests = list({(t.weight_rows, t.split): t for t in reversed(ranked)}.values())
+    family = lambda t: (t.weight_rows, t.activation_rows, t.split)  # noqa: E731
+    family_bests = list({family(t): t for t in reversed(ranked)}.values())
     family_bests.sort(key=ranked.index)
     chosen = ([pick] if pick.valid else []) + family_bests
     chosen += [t for t in ranked if t not in chosen]
-    return chosen[:limit]
+    if order is not None:
+        return chosen[:limit]
+    base = chosen[: max(1, limit - WIDE_STAGE_CANDIDATES)]
+    wide = [with_k_boxes(t, boxes) for t in base[:2] for boxes in K_BOXES[1:]]
+    wide = [t for t in wide if t.valid and math.ceil(k / t.tile_k) >= 2 * t.split]
+    rest = [t for t in chosen if t not in base]
+    return (base + wide + rest)[:limit]
 
 
 def resolve_policies(n, k, batches, *, gpu: GpuSpec, weight_dtype, output_dtype, batch_invariant=False,
                      use_tables=True):
     """``({batch: tactic}, {batch: "table" | "heuristic"})``: tuned entries where a table matches."""
-    from .tables import TableKey, dtype_name, table_policies, table_split
+    from .tables import TableKey, dtype_name, table_policies, table_summation_order
 
-    tuned, split = {}, None
+    tuned, order = {}, None
     if use_tables:
         key = TableKey(gpu.name, gpu.sm_count, n, k, dtype_name(weight_dtype), dtype_name(output_dtype),
                        batch_invariant)
         tuned = table_policies(key, batches)
-        # A batch-invariant table fixes the split for every batch, covered or not.
-        split = table_split(key)
+        # A batch-invariant table fixes the summation order for every batch, covered or not.
+        order = table_summation_order(key)
     guessed = {
-        b: default_tactic(n, k, b, gpu, batch_invariant=batch_invariant, split=split)
+        b: default_tactic(n, k, b, gpu, batch_invariant=batch_invariant, order=order)
         for b in batches
         if b not in tuned
     }

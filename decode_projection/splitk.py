@@ -36,7 +36,8 @@ from cutlass.experimental.primitives import nvvm_wrapper as nvvm
 EVICT_FIRST = 0x12F0000000000000
 EVICT_LAST = 0x14F0000000000000
 
-TILE_K = 64  # 64 16-bit elements = one 128-byte swizzle row
+TILE_K = 64  # K of one TMA box: 64 16-bit elements = one 128-byte swizzle row
+K_BOXES = (1, 2, 4)  # boxes per stage along K: 128, 256 or 512 contiguous bytes of each weight row
 WGMMA_ROWS = 64  # weight rows per consumer warpgroup (wgmma M)
 WEIGHT_ROWS = (64, 128)
 ACTIVATION_ROWS = (8, 16, 32, 64, 128, 256)
@@ -47,17 +48,29 @@ BARRIER_BYTES = 1024  # mbarriers, rounded up to the 1024-byte tile alignment
 
 @dataclass(frozen=True)
 class SplitKTactic:
-    """One kernel configuration: weight rows per CTA, activation rows per CTA, split K, stages."""
+    """One kernel configuration: weight rows per CTA, activation rows per CTA, split K, stages,
+    and TMA boxes per stage along K."""
 
     weight_rows: int
     activation_rows: int
     split: int
     stages: int
+    k_boxes: int = 1
+
+    @property
+    def tile_k(self) -> int:
+        """K of one pipeline stage."""
+        return TILE_K * self.k_boxes
+
+    @property
+    def summation_order(self) -> tuple[int, int]:
+        """(split, k boxes): what fixes the K slices and so the order each output is summed in."""
+        return (self.split, self.k_boxes)
 
     @property
     def tile_mnk(self) -> tuple[int, int, int]:
         """The CTA tile: (weight rows, activation rows, K)."""
-        return (self.weight_rows, self.activation_rows, TILE_K)
+        return (self.weight_rows, self.activation_rows, self.tile_k)
 
     @property
     def consumer_groups(self) -> int:
@@ -72,7 +85,7 @@ class SplitKTactic:
     @property
     def stage_bytes(self) -> int:
         """Shared memory of one pipeline stage: a weight tile and an activation tile."""
-        return (self.weight_rows + self.activation_rows) * TILE_K * 2
+        return (self.weight_rows + self.activation_rows) * self.tile_k * 2
 
     @property
     def partials_per_thread(self) -> int:
@@ -103,6 +116,8 @@ class SplitKTactic:
             found.append(f"split {self.split} not in {SPLITS}")
         if self.stages < 2:
             found.append(f"stages {self.stages} < 2")
+        if self.k_boxes not in K_BOXES:
+            found.append(f"k boxes {self.k_boxes} not in {K_BOXES}")
         if found:
             return found
         if self.smem_bytes > SMEM_CAPACITY:
@@ -129,9 +144,9 @@ def as_tactic(tactic) -> SplitKTactic:
     return tactic
 
 
-def max_stages(weight_rows: int, activation_rows: int, split: int) -> int:
+def max_stages(weight_rows: int, activation_rows: int, split: int, k_boxes: int = 1) -> int:
     """The deepest pipeline that fits in shared memory."""
-    probe = SplitKTactic(weight_rows, activation_rows, split, 1)
+    probe = SplitKTactic(weight_rows, activation_rows, split, 1, k_boxes)
     return (SMEM_CAPACITY - BARRIER_BYTES) // probe.stage_bytes
 
 
@@ -178,7 +193,7 @@ class SplitKGemm:
             cpasync.CopyBulkTensorTileG2SOp(),
             activations,
             cute.slice_(act_smem, (None, None, 0)),
-            (t.activation_rows, TILE_K),
+            (t.activation_rows, t.tile_k),
         )
 
         @cute.struct
@@ -225,7 +240,7 @@ class SplitKGemm:
         n_tile = bidx // t.split
 
         # This CTA's contiguous slice of the K tiles; the last ranks may get none.
-        k_tiles = cute.ceil_div(weight.shape[1], TILE_K)
+        k_tiles = cute.ceil_div(weight.shape[1], t.tile_k)
         per_rank = cute.ceil_div(k_tiles, t.split)
         k_begin = rank * per_rank
         k_count = cutlass.max(cutlass.min(per_rank, k_tiles - k_begin), 0)
@@ -354,15 +369,22 @@ class SplitKGemm:
 
     @cute.jit
     def load_weight(self, weight_tiles, state, descriptor, tiles, k_tile, weight_row):
-        """One weight tile by TMA through the device-resident map, evicted first from L2."""
+        """One weight tile by TMA through the device-resident map, evicted first from L2.
+
+        A stage of ``k_boxes`` boxes asks for that many adjacent 128-byte pieces of
+        every weight row at once (the shared-memory layout keeps each box's rows x 64
+        block contiguous, one after another along K).
+        """
+        t = self.tactic
         if nvvm.elect_sync():
-            nvvm.cp_async_bulk_tensor_shared_cta_global(
-                weight_tiles + state.index * (self.tactic.weight_rows * TILE_K),
-                descriptor,
-                [k_tile * TILE_K, weight_row],
-                tiles.producer_get_barrier(state),
-                l2_cache_hint=EVICT_FIRST,
-            )
+            for box in cutlass.range_constexpr(t.k_boxes):
+                nvvm.cp_async_bulk_tensor_shared_cta_global(
+                    weight_tiles + state.index * (t.weight_rows * t.tile_k) + box * (t.weight_rows * TILE_K),
+                    descriptor,
+                    [k_tile * t.tile_k + box * TILE_K, weight_row],
+                    tiles.producer_get_barrier(state),
+                    l2_cache_hint=EVICT_FIRST,
+                )
 
     @cute.jit
     def load_activations(self, act_tma, t_act_global, t_act_smem, state, tiles, k_tile):

@@ -63,11 +63,14 @@ def load_table(path) -> dict:
 
 
 def check_invariant(table, where) -> None:
-    """Batch-invariant entries must keep one split per shape, or rows would depend on the batch."""
+    """Batch-invariant entries must keep one summation order per shape, or rows would depend on the batch."""
     for key, batches in table.items():
-        splits = {tactic.split for tactic in batches.values()}
-        if key.batch_invariant and len(splits) > 1:
-            raise ValueError(f"{where}: batch-invariant table for {key.n}x{key.k} mixes splits {sorted(splits)}")
+        orders = {tactic.summation_order for tactic in batches.values()}
+        if key.batch_invariant and len(orders) > 1:
+            raise ValueError(
+                f"{where}: batch-invariant table for {key.n}x{key.k} mixes summation orders "
+                f"(split, k boxes) {sorted(orders)}"
+            )
 
 
 @cache
@@ -87,10 +90,10 @@ def table_policies(key: TableKey, batches, tables=None) -> dict:
     return {b: found[b] for b in batches if b in found}
 
 
-def table_split(key: TableKey, tables=None):
-    """The split a batch-invariant table uses for every batch of its shape, or None."""
+def table_summation_order(key: TableKey, tables=None):
+    """The (split, k boxes) a batch-invariant table uses for every batch of its shape, or None."""
     found = (shipped_tables() if tables is None else tables).get(key, {})
-    return next(iter(found.values())).split if key.batch_invariant and found else None
+    return next(iter(found.values())).summation_order if key.batch_invariant and found else None
 
 
 def write_table(path, entries, *, dsl_version: str, measured: str) -> None:

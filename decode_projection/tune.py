@@ -7,15 +7,19 @@ before it may win, and times it with cold L2 and CUDA-graph replay. Pruning is
 what makes a full table fit in minutes of GPU time: the tactic space has
 hundreds of valid points, the model keeps a handful.
 
-Batch-invariant tables tune batch 1 freely and then pin its split for every
-other batch, so a row is summed in the same order whatever the batch.
+Batch-invariant tables tune batch 1 freely and then pin its summation order
+(split and K boxes per stage) for every other batch, so a row is summed in the
+same order whatever the batch.
 """
 
 import datetime
+import json
 import multiprocessing
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import astuple
+from pathlib import Path
 
 import cutlass
 import torch
@@ -30,19 +34,19 @@ from .tables import dtype_name, write_table
 from .timing import cold_copies, graph_time_us
 
 
-def tune_shape(n, k, batches, *, weight_dtype, output_dtype, batch_invariant, limit, progress):
-    """Tuned entries (dicts) for one weight shape."""
+def tune_shape(n, k, batches, *, weight_dtype, output_dtype, batch_invariant, limit, progress, timings=None):
+    """Tuned entries (dicts) for one weight shape; every candidate's time goes to ``timings`` if given."""
     device = torch.device("cuda", torch.cuda.current_device())
     gpu = gpu_spec(device)
     copies = cold_copies(n * k * 2, device)
     weights = [torch.randn(n, k, device=device).to(weight_dtype) for _ in range(copies)]
-    entries, pinned_split = [], None
+    entries, pinned = [], None
     for batch in sorted(batches):
         x = torch.randn(batch, k, device=device).to(weight_dtype)
         outs = [torch.empty(batch, n, device=device, dtype=output_dtype) for _ in range(copies)]
         reference = Reference(x, weights[0], output_dtype)
         timed = []
-        for tactic in candidate_tactics(n, k, batch, gpu, limit=limit, split=pinned_split):
+        for tactic in candidate_tactics(n, k, batch, gpu, limit=limit, order=pinned):
             projections = [PreparedProjection(w, {batch: tactic}, output_dtype=output_dtype).prepare() for w in weights]
             outs[0].fill_(float("nan"))
             projections[0].run(x, outs[0])
@@ -50,13 +54,16 @@ def tune_shape(n, k, batches, *, weight_dtype, output_dtype, batch_invariant, li
             timed.append((graph_time_us(lambda i: projections[i].run(x, outs[i]), copies, repeats=7), tactic))
             progress.update()
         best_us, best = min(timed, key=lambda pair: pair[0])
-        if batch_invariant and pinned_split is None:
-            pinned_split = best.split
+        if timings is not None:
+            timings.append({"n": n, "k": k, "batch": batch, "batch_invariant": batch_invariant,
+                            "timed": [[list(astuple(tactic)), round(us, 3)] for us, tactic in timed]})
+        if batch_invariant and pinned is None:
+            pinned = best.summation_order
         entries.append({
             "gpu": gpu.name, "sm_count": gpu.sm_count, "n": n, "k": k,
             "weight_dtype": dtype_name(weight_dtype), "output_dtype": dtype_name(output_dtype),
             "batch_invariant": batch_invariant, "batch": batch,
-            "tactic": [best.weight_rows, best.activation_rows, best.split, best.stages],
+            "tactic": [best.weight_rows, best.activation_rows, best.split, best.stages, best.k_boxes],
             "us": round(best_us, 3),
         })
     return entries
@@ -94,22 +101,25 @@ def precompile(shapes, batches, *, output_dtype, weight_dtype, limit):
 
 
 def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfloat16,
-         batch_invariant=False, limit=6, out_path=None):
-    """Tune every (shape, batch); returns the entries and writes them as a table if asked."""
+         batch_invariant=False, limit=8, out_path=None, timings_path=None):
+    """Tune every (shape, batch); returns the entries and writes them as a table (and every
+    candidate's time as JSON) if asked."""
     started = time.perf_counter()
     precompile(shapes, batches, output_dtype=output_dtype, weight_dtype=weight_dtype, limit=limit)
-    entries = []
+    entries, timings = [], []
     total = len(shapes) * len(batches) * limit
     with tqdm(total=total, desc="tune", unit="tactic") as progress:
         for n, k in shapes:
             shape_started = time.perf_counter()
             entries += tune_shape(
                 n, k, batches, weight_dtype=weight_dtype, output_dtype=output_dtype,
-                batch_invariant=batch_invariant, limit=limit, progress=progress,
+                batch_invariant=batch_invariant, limit=limit, progress=progress, timings=timings,
             )
             progress.write(f"{n}x{k}: {time.perf_counter() - shape_started:.1f} s")
             if out_path is not None:  # after every shape, so an interrupted run keeps what it measured
                 write_table(out_path, entries, dsl_version=cutlass.__version__,
                             measured=datetime.date.today().isoformat())
+            if timings_path is not None:
+                Path(timings_path).write_text(json.dumps(timings, indent=0) + "\n")
     print(f"tuned {len(shapes)} shapes x {len(batches)} batches in {time.perf_counter() - started:.0f} s")
     return entries

@@ -1,4 +1,4 @@
-"""A few small projections for compute-sanitizer (memcheck, racecheck): split 1, 2 and 8."""
+"""A few small projections for compute-sanitizer (memcheck, racecheck): split 1, 2, 4 and 8, 1-4 K boxes."""
 
 import torch
 
@@ -9,6 +9,8 @@ CASES = [
     (SplitKTactic(64, 8, 1, 4), 200, 1000, 5),
     (SplitKTactic(128, 32, 2, 4), 300, 1544, 40),
     (SplitKTactic(64, 16, 8, 3), 136, 520, 16),
+    (SplitKTactic(64, 8, 2, 3, 4), 200, 1000, 5),
+    (SplitKTactic(128, 64, 4, 3, 2), 136, 1544, 64),
 ]
 
 for tactic, n, k, batch in CASES:

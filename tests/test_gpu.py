@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from decode_projection import PreparedProjection, SplitKTactic
-from decode_projection.splitk import ACTIVATION_ROWS, SPLITS, WEIGHT_ROWS, max_stages
+from decode_projection.splitk import ACTIVATION_ROWS, K_BOXES, SPLITS, WEIGHT_ROWS, max_stages
 from decode_projection.checks import assert_close_to_reference
 
 pytestmark = pytest.mark.gpu
@@ -17,6 +17,12 @@ GRID = [
 ]
 # The deepest pipelines, where shared memory is nearly full.
 GRID += [SplitKTactic(64, 8, 4, max_stages(64, 8, 4)), SplitKTactic(128, 64, 2, max_stages(128, 64, 2))]
+# Stages of 2 and 4 TMA boxes along K (K tails inside a stage, fewer K tiles than ranks).
+GRID += [
+    tactic
+    for rows, acts, split, boxes in itertools.product(WEIGHT_ROWS, (8, 64, 128), (1, 4), K_BOXES[1:])
+    if (tactic := SplitKTactic(rows, acts, split, min(3, max_stages(rows, acts, split, boxes)), boxes)).valid
+]
 DTYPES = [
     (torch.bfloat16, torch.bfloat16),
     (torch.float16, torch.float32),
@@ -26,7 +32,7 @@ DTYPES = [
 
 
 def ids(tactic):
-    return f"w{tactic.weight_rows}-a{tactic.activation_rows}-s{tactic.split}-st{tactic.stages}"
+    return f"w{tactic.weight_rows}-a{tactic.activation_rows}-s{tactic.split}-st{tactic.stages}-kb{tactic.k_boxes}"
 
 
 def run_guarded(projection, x, n, out_dtype):

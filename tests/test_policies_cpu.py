@@ -1,13 +1,14 @@
 """CPU tests: the heuristic's picks (pinned), the cost-model candidates, and tuned tables as data."""
 
 import json
+import math
 
 import pytest
 import torch
 
 from decode_projection import policies, tables
 from decode_projection.policies import (
-    H200, candidate_tactics, default_policies, default_tactic, predicted_time_us, resolve_policies,
+    H200, candidate_tactics, default_policies, default_tactic, predicted_time_us, resolve_policies, with_k_boxes,
 )
 from decode_projection.splitk import SplitKTactic
 from decode_projection.workload import DECODE_BATCHES, KIMI_K3_SHAPES
@@ -65,7 +66,7 @@ def test_candidates_start_with_the_pick_and_are_valid():
             assert found[0] == default_tactic(n, k, batch)
             assert len(found) == len(set(found)) and 1 <= len(found) <= 5
             assert all(t.valid for t in found)
-            pinned = candidate_tactics(n, k, batch, limit=4, split=2)
+            pinned = candidate_tactics(n, k, batch, limit=4, order=(2, 1))
             assert {t.split for t in pinned} == {2}
 
 
@@ -121,7 +122,7 @@ def test_batch_invariant_table_with_two_splits_is_refused(tmp_path):
     path = tmp_path / "mixed.json"
     tables.write_table(path, [entry(1, (64, 8, 2, 25), invariant=True), entry(8, (64, 8, 4, 12), invariant=True)],
                        dsl_version="4.8.1", measured="2026-12-02")
-    with pytest.raises(ValueError, match="mixes splits"):
+    with pytest.raises(ValueError, match="mixes summation orders"):
         tables.load_table(path)
 
 
@@ -149,3 +150,31 @@ def test_shipped_h200_tables_cover_the_workload(invariant):
         assert sorted(shipped[key]) == list(DECODE_BATCHES)
         if invariant:
             assert len({t.split for t in shipped[key].values()}) == 1
+
+
+def test_wide_stage_candidates_keep_shared_memory_and_cover_k():
+    for (n, k) in KIMI_K3_SHAPES:
+        for batch in (1, 64):
+            found = candidate_tactics(n, k, batch, limit=12)
+            wide = [t for t in found if t.k_boxes > 1]
+            assert all(t.valid and math.ceil(k / t.tile_k) >= 2 * t.split for t in wide)
+            if k >= 1536:
+                assert {2, 4} <= {t.k_boxes for t in wide}, f"{n}x{k} M={batch}: no wide stages timed"
+    narrow = SplitKTactic(64, 8, 2, 25)
+    assert with_k_boxes(narrow, 4) == SplitKTactic(64, 8, 2, 6, 4)
+    assert with_k_boxes(narrow, 4).smem_bytes <= narrow.smem_bytes
+
+
+def test_pinned_summation_order_is_kept_for_every_batch():
+    for batch in (1, 64, 256):
+        pick = default_tactic(2112, 7168, batch, order=(2, 4))
+        assert pick.valid and pick.summation_order == (2, 4)
+        assert {t.summation_order for t in candidate_tactics(2112, 7168, batch, limit=6, order=(2, 4))} == {(2, 4)}
+
+
+def test_batch_invariant_table_mixing_k_boxes_is_refused(tmp_path):
+    path = tmp_path / "mixed.json"
+    tables.write_table(path, [entry(1, (64, 8, 2, 6, 4), invariant=True), entry(16, (64, 16, 2, 12, 1), invariant=True)],
+                       dsl_version="test", measured="today")
+    with pytest.raises(ValueError, match="mixes summation orders"):
+        tables.load_table(path)
