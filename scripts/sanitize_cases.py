@@ -19,5 +19,6 @@ for tactic, n, k, batch in CASES:
     out = torch.full((batch, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     PreparedProjection(weight, {batch: tactic}).prepare().run(x, out)
     torch.cuda.synchronize()
-    error = assert_close_to_reference(out, x, weight, label=str(tactic))
+    # Checked on the CPU so the only kernels the sanitizer sees on the GPU are ours.
+    error = assert_close_to_reference(out.cpu(), x.cpu(), weight.cpu(), label=str(tactic))
     print(f"{tactic}: relative error {error:.2e}")
