@@ -19,7 +19,7 @@ from .ceiling import stream_read
 from .checks import Reference
 from .policies import gpu_spec, resolve_policies
 from .projection import PreparedProjection
-from .timing import cold_copies, graph_time_us
+from .timing import cold_copies, foreign_kernel, graph_time_us
 
 POLICY_KINDS = ("tuned", "heuristic", "batch-invariant")
 # No read of HBM beats this (the H200 datasheet says 4.8 TB/s); a faster "ceiling"
@@ -74,8 +74,7 @@ def policies_for(kind, n, k, batches, device, weight_dtype, output_dtype):
 def bench_shape(n, k, batches, kinds, *, weight_dtype, output_dtype, progress, isolated=False):
     """All cells of one weight shape; ``isolated`` puts a small foreign kernel before every launch."""
     device = torch.device("cuda", torch.cuda.current_device())
-    scratch = torch.zeros(4096, device=device)
-    separator = (lambda: scratch.add_(1.0)) if isolated else None
+    separator = foreign_kernel(device) if isolated else None
     copies = cold_copies(n * k * 2, device)
     weights = [torch.randn(n, k, device=device).to(weight_dtype) for _ in range(copies)]
     ceiling = graph_time_us(lambda i: stream_read(weights[i]), copies, separator=separator)

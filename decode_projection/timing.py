@@ -43,14 +43,14 @@ def _replay_median_us(launch, copies: int, repeats: int) -> float:
     return statistics.median(samples)
 
 
-def graph_time_us(launch, copies: int, *, repeats: int = 15, separator=None) -> float:
+def graph_time_us(launch, copies: int, *, repeats: int = 15, separator=None, separator_us=None) -> float:
     """Median microseconds per launch of ``launch(i)``, cold L2, CUDA-graph replay.
 
     Back to back, a kernel that uses programmatic dependent launch overlaps its
     prologue with the previous launch of itself. In a model the previous kernel
     is usually something else (a norm, an activation), so with ``separator`` a
     small kernel runs before every launch, as that glue would; its own time,
-    measured alone the same way, is subtracted.
+    measured alone the same way (or given as ``separator_us``), is subtracted.
     """
     if separator is None:
         return _replay_median_us(launch, copies, repeats)
@@ -59,5 +59,13 @@ def graph_time_us(launch, copies: int, *, repeats: int = 15, separator=None) -> 
         separator()
         launch(i)
 
-    both = _replay_median_us(separated, copies, repeats)
-    return both - _replay_median_us(lambda i: separator(), copies, repeats)
+    if separator_us is None:
+        separator_us = _replay_median_us(lambda i: separator(), copies, repeats)
+    return _replay_median_us(separated, copies, repeats) - separator_us
+
+
+def foreign_kernel(device=None):
+    """A small elementwise kernel standing in for the glue between projections in a model."""
+    scratch = torch.zeros(4096, device=device)
+    return lambda: scratch.add_(1.0)
+
