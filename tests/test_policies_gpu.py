@@ -19,7 +19,7 @@ def test_batch_invariant_rows_do_not_depend_on_the_batch(shape):
     weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(256, k, device="cuda", dtype=torch.bfloat16)
     projection = PreparedProjection.for_weight(weight, batches=range(1, 257), batch_invariant=True)
-    assert len({t.split for t in projection.policies.values()}) == 1
+    assert len({t.summation_order for t in projection.policies.values()}) == 1
     alone = torch.empty(256, n, device="cuda", dtype=torch.bfloat16)
     for row in range(256):
         projection.run(x[row : row + 1], alone[row : row + 1])
