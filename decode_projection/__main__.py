@@ -41,11 +41,13 @@ def hopper_available():
 
 def render(cells, meta, args):
     """Print the tables and write the requested CSV, JSON and plot."""
-    from .bench import format_tables, plot, write_csv, write_json
+    from .bench import format_markdown, format_tables, plot, write_csv, write_json
 
     print(f"{meta['gpu']} ({meta['sm_count']} SMs), torch {meta['torch']}, CUDA {meta['cuda']}, "
           f"CuTe DSL {meta['cutlass_dsl']}, {meta['date']}; {meta['method']}")
     print(format_tables(cells))
+    if args.markdown:
+        print("\n" + format_markdown(cells, policy=cells[0].policy))
     if args.csv:
         write_csv(args.csv, cells)
     if args.json:
@@ -120,6 +122,7 @@ def main(argv=None):
     run_bench.add_argument("--json", help="write every cell and the run's metadata as JSON")
     run_bench.add_argument("--plot", help="write a PNG of time against batch per shape")
     run_bench.add_argument("--from-json", help="re-render the tables and plot of a run saved with --json")
+    run_bench.add_argument("--markdown", action="store_true", help="also print a compact Markdown summary")
     run_bench.add_argument("--isolated", action="store_true",
                            help="run a small foreign kernel before every launch (no back-to-back overlap)")
     run_tune = commands.add_parser("tune", help="tune tactics on this GPU and write a JSON table")

@@ -142,6 +142,28 @@ def format_tables(cells) -> str:
     return "\n".join(lines)
 
 
+def format_markdown(cells, batches=(1, 16, 64, 256), policy="tuned") -> str:
+    """A compact Markdown table: one row per shape, ours / cuBLAS microseconds at a few batches."""
+    picked = [c for c in cells if c.policy == policy]
+    header = "| N x K | MB | read ceiling us | " + " | ".join(f"M={b} ours / cuBLAS" for b in batches) + " |"
+    lines = [header, "|---" * (3 + len(batches)) + "|"]
+    for n, k in dict.fromkeys((c.n, c.k) for c in picked):
+        by_batch = {c.batch: c for c in picked if (c.n, c.k) == (n, k)}
+        ceiling = next(iter(by_batch.values())).ceiling_us
+        times = [
+            f"{by_batch[b].us:.1f} / {by_batch[b].cublas_us:.1f}" if b in by_batch else "-" for b in batches
+        ]
+        lines.append(f"| {n} x {k} | {n * k * 2 / 1e6:.1f} | {'-' if ceiling is None else f'{ceiling:.1f}'} | "
+                     + " | ".join(times) + " |")
+    geomeans = []
+    for b in batches:
+        speedups = [c.speedup for c in picked if c.batch == b]
+        if speedups:
+            geomeans.append(f"{math.exp(sum(map(math.log, speedups)) / len(speedups)):.2f}x at M={b}")
+    lines.append("\nGeometric-mean speedup over torch.matmul: " + ", ".join(geomeans) + ".")
+    return "\n".join(lines)
+
+
 def rows(cells):
     """Flat dicts for CSV/JSON."""
     return [
