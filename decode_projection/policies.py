@@ -20,7 +20,7 @@ from .splitk import (
 
 MIN_K_TILES_PER_CTA = 4  # fewer and the pipeline never fills
 STREAMING_CTA_FRACTION = 0.375  # CTAs per SM that saturate HBM with deep pipelines
-COMPUTE_BOUND_ROWS = 128  # activation tiles from here on want every SM busy
+COMPUTE_BOUND_ROWS = 96  # activation tiles from here on want every SM busy
 MIN_STAGES = 3  # shallower pipelines never won a sweep
 WIDE_STAGE_CANDIDATES = 4  # slots for 2- and 4-box stages of the two best one-box tactics
 MOST_CTAS_PER_SM = 6  # enough for a 64-row, split-2 grid of the largest shape to fit in one wave
@@ -140,7 +140,7 @@ def activation_tile_choices(batch: int) -> list[int]:
     covering = activation_rows_for(batch)
     if covering < COMPUTE_BOUND_ROWS:
         return [covering]
-    return [covering, covering // 2, covering // 4]
+    return [tile for tile in (covering, covering // 2, covering // 4) if tile in ACTIVATION_ROWS]
 
 
 def pool_tactics(batch, k, *, order=None):
