@@ -96,8 +96,9 @@ def tune(args):
     from .tune import tune as run_tune
 
     run_tune(args.shape, args.batches, weight_dtype=DTYPES[args.dtype], output_dtype=DTYPES[args.out_dtype],
-             batch_invariant=args.batch_invariant, limit=args.candidates, out_path=args.out,
-             timings_path=args.timings)
+             limit=args.candidates, out_path=args.out, timings_path=args.timings,
+             invariant_limit=args.invariant_candidates if args.batch_invariant_out else None,
+             invariant_out_path=args.batch_invariant_out)
     return 0
 
 
@@ -127,9 +128,12 @@ def main(argv=None):
                            help="run a small foreign kernel before every launch (no back-to-back overlap)")
     run_tune = commands.add_parser("tune", help="tune tactics on this GPU and write a JSON table")
     common(run_tune)
-    run_tune.add_argument("--batch-invariant", action="store_true", help="one summation order (split, K boxes) per shape for every batch")
     run_tune.add_argument("--candidates", type=int, default=8, help="tactics timed per cell (default: %(default)s)")
     run_tune.add_argument("--out", required=True, help="path of the JSON table to write")
+    run_tune.add_argument("--batch-invariant-out",
+                          help="also write a batch-invariant table (one split and K-box count per shape) here")
+    run_tune.add_argument("--invariant-candidates", type=int, default=6,
+                          help="tactics with the pinned summation order timed per cell (default: %(default)s)")
     run_tune.add_argument("--timings", help="also write every candidate's time as JSON")
     args = parser.parse_args(argv)
     args.shape = args.shape or list(KIMI_K3_SHAPES)

@@ -12,9 +12,11 @@ would leave a model with glue between its projections slower. Pruning is
 what makes a full table fit in minutes of GPU time: the tactic space has
 hundreds of valid points, the model keeps a handful.
 
-Batch-invariant tables tune batch 1 freely and then pin its summation order
-(split and K boxes per stage) for every other batch, so a row is summed in the
-same order whatever the batch.
+The batch-invariant table comes from the same pass: the smallest batch's winner
+fixes each shape's summation order (split and K boxes per stage), the tactics
+with that order are timed at the other batches next to the free candidates, and
+each table keeps its own best; so a row is summed in the same order whatever
+the batch, and the free table may also pick an invariant candidate.
 """
 
 import datetime
@@ -23,7 +25,7 @@ import multiprocessing
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import astuple
+from dataclasses import astuple, dataclass
 from pathlib import Path
 
 import cutlass
@@ -35,52 +37,59 @@ from .disk_cache import cache_dir
 from .policies import candidate_tactics, gpu_spec
 from .projection import PreparedProjection, compile_projection
 from .runtime import architecture
+from .splitk import SplitKTactic
 from .tables import dtype_name, write_table
 from .timing import cold_copies, foreign_kernel, graph_time_us
 
 
-def tune_shape(n, k, batches, *, weight_dtype, output_dtype, batch_invariant, limit, progress, timings=None):
-    """Tuned entries (dicts) for one weight shape; every candidate's time goes to ``timings`` if given."""
-    device = torch.device("cuda", torch.cuda.current_device())
-    gpu = gpu_spec(device)
-    copies = cold_copies(n * k * 2, device)
-    glue = foreign_kernel(device)
-    glue_us = graph_time_us(lambda i: glue(), copies, repeats=7)
-    weights = [torch.randn(n, k, device=device).to(weight_dtype) for _ in range(copies)]
-    entries, pinned = [], None
-    for batch in sorted(batches):
-        x = torch.randn(batch, k, device=device).to(weight_dtype)
-        outs = [torch.empty(batch, n, device=device, dtype=output_dtype) for _ in range(copies)]
-        reference = Reference(x, weights[0], output_dtype)
+@dataclass(frozen=True)
+class Timed:
+    """One candidate's median microseconds back to back and after a foreign kernel."""
+
+    tactic: SplitKTactic
+    chained_us: float
+    alone_us: float
+
+    @property
+    def score(self) -> float:
+        """What the tuner minimizes: the mean of the two launch contexts."""
+        return (self.chained_us + self.alone_us) / 2
+
+
+class ShapeTimer:
+    """Cold-L2 weight copies of one shape and the means to time candidates on them."""
+
+    def __init__(self, n, k, *, weight_dtype, output_dtype):
+        self.n, self.k, self.output_dtype = n, k, output_dtype
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.copies = cold_copies(n * k * 2, self.device)
+        self.glue = foreign_kernel(self.device)
+        self.glue_us = graph_time_us(lambda i: self.glue(), self.copies, repeats=7)
+        self.weight_dtype = weight_dtype
+        self.weights = [torch.randn(n, k, device=self.device).to(weight_dtype) for _ in range(self.copies)]
+
+    def time(self, batch, tactics, progress) -> list[Timed]:
+        """Check each tactic against float64, then time it in both launch contexts."""
+        x = torch.randn(batch, self.k, device=self.device).to(self.weight_dtype)
+        outs = [torch.empty(batch, self.n, device=self.device, dtype=self.output_dtype) for _ in range(self.copies)]
+        reference = Reference(x, self.weights[0], self.output_dtype)
         timed = []
-        for tactic in candidate_tactics(n, k, batch, gpu, limit=limit, order=pinned):
-            projections = [PreparedProjection(w, {batch: tactic}, output_dtype=output_dtype).prepare() for w in weights]
+        for tactic in tactics:
+            projections = [
+                PreparedProjection(w, {batch: tactic}, output_dtype=self.output_dtype).prepare() for w in self.weights
+            ]
             outs[0].fill_(float("nan"))
             projections[0].run(x, outs[0])
-            reference.check(outs[0], label=f"{n}x{k} M={batch} {tactic}")
+            reference.check(outs[0], label=f"{self.n}x{self.k} M={batch} {tactic}")
 
             def launch(i, projections=projections):
                 projections[i].run(x, outs[i])
 
-            chained = graph_time_us(launch, copies, repeats=7)
-            alone = graph_time_us(launch, copies, repeats=7, separator=glue, separator_us=glue_us)
-            timed.append(((chained + alone) / 2, tactic, chained, alone))
+            chained = graph_time_us(launch, self.copies, repeats=7)
+            alone = graph_time_us(launch, self.copies, repeats=7, separator=self.glue, separator_us=self.glue_us)
+            timed.append(Timed(tactic, chained, alone))
             progress.update()
-        best_us, best, _, _ = min(timed, key=lambda row: row[0])
-        if timings is not None:
-            timings.append({"n": n, "k": k, "batch": batch, "batch_invariant": batch_invariant,
-                            "timed": [[list(astuple(tactic)), round(chained, 3), round(alone, 3)]
-                                      for _, tactic, chained, alone in timed]})
-        if batch_invariant and pinned is None:
-            pinned = best.summation_order
-        entries.append({
-            "gpu": gpu.name, "sm_count": gpu.sm_count, "n": n, "k": k,
-            "weight_dtype": dtype_name(weight_dtype), "output_dtype": dtype_name(output_dtype),
-            "batch_invariant": batch_invariant, "batch": batch,
-            "tactic": [best.weight_rows, best.activation_rows, best.split, best.stages, best.k_boxes],
-            "us": round(best_us, 3),  # mean of back to back and after glue
-        })
-    return entries
+        return timed
 
 
 def _compile_one(args):
@@ -88,23 +97,16 @@ def _compile_one(args):
     compile_projection(*args)
 
 
-def precompile(shapes, batches, *, output_dtype, weight_dtype, limit):
+def precompile(candidate_lists, *, output_dtype, weight_dtype):
     """Compile every candidate up front, in parallel worker processes, so timing never waits on the compiler.
 
     Workers write to the persistent compile cache; the tuning process then loads
     from it. Without a disk cache the kernels are compiled here, one by one.
     """
     arch = architecture(torch.device("cuda", torch.cuda.current_device()))
-    gpu = gpu_spec(torch.cuda.current_device())
-    jobs = sorted(
-        {
-            (tactic, output_dtype, arch, weight_dtype)
-            for n, k in shapes
-            for batch in batches
-            for tactic in candidate_tactics(n, k, batch, gpu, limit=limit)
-        },
-        key=str,
-    )
+    jobs = sorted({(t, output_dtype, arch, weight_dtype) for tactics in candidate_lists for t in tactics}, key=str)
+    if not jobs:
+        return
     workers = min(len(jobs), os.cpu_count() or 1)
     if cache_dir() is not None and workers > 1:
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -114,26 +116,72 @@ def precompile(shapes, batches, *, output_dtype, weight_dtype, limit):
         compile_projection(*job)
 
 
-def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfloat16,
-         batch_invariant=False, limit=8, out_path=None, timings_path=None):
-    """Tune every (shape, batch); returns the entries and writes them as a table (and every
-    candidate's time as JSON) if asked."""
+def entry(n, k, batch, best: Timed, *, gpu, batch_invariant, weight_dtype, output_dtype) -> dict:
+    """One table entry."""
+    return {
+        "gpu": gpu.name, "sm_count": gpu.sm_count, "n": n, "k": k,
+        "weight_dtype": dtype_name(weight_dtype), "output_dtype": dtype_name(output_dtype),
+        "batch_invariant": batch_invariant, "batch": batch,
+        "tactic": list(astuple(best.tactic)),
+        "us": round(best.score, 3),  # mean of back to back and after glue
+    }
+
+
+def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfloat16, limit=8,
+         invariant_limit=None, out_path=None, invariant_out_path=None, timings_path=None):
+    """Tune every (shape, batch): ``(entries, invariant entries)``; the invariant table only when
+    ``invariant_limit`` is set. Tables and every candidate's times are written as JSON where a path
+    is given, after every shape, so an interrupted run keeps what it measured."""
     started = time.perf_counter()
-    precompile(shapes, batches, output_dtype=output_dtype, weight_dtype=weight_dtype, limit=limit)
-    entries, timings = [], []
-    total = len(shapes) * len(batches) * limit
-    with tqdm(total=total, desc="tune", unit="tactic") as progress:
-        for n, k in shapes:
-            shape_started = time.perf_counter()
-            entries += tune_shape(
-                n, k, batches, weight_dtype=weight_dtype, output_dtype=output_dtype,
-                batch_invariant=batch_invariant, limit=limit, progress=progress, timings=timings,
-            )
-            progress.write(f"{n}x{k}: {time.perf_counter() - shape_started:.1f} s")
-            if out_path is not None:  # after every shape, so an interrupted run keeps what it measured
-                write_table(out_path, entries, dsl_version=cutlass.__version__,
-                            measured=datetime.date.today().isoformat())
-            if timings_path is not None:
-                Path(timings_path).write_text(json.dumps(timings, indent=0) + "\n")
+    batches = sorted(batches)
+    gpu = gpu_spec(torch.cuda.current_device())
+    kinds = dict(weight_dtype=weight_dtype, output_dtype=output_dtype)
+    timed, orders = {}, {}
+    stamped = dict(gpu=gpu, **kinds)
+
+    def best(found):
+        return min(found, key=lambda t: t.score)
+
+    def write():
+        stamp = dict(dsl_version=cutlass.__version__, measured=datetime.date.today().isoformat())
+        if out_path is not None:
+            write_table(out_path, [entry(*cell, best(found), batch_invariant=False, **stamped)
+                                   for cell, found in timed.items()], **stamp)
+        invariant = [
+            entry(n, k, b, best([t for t in found if t.tactic.summation_order == orders[n, k]]),
+                  batch_invariant=True, **stamped)
+            for (n, k, b), found in timed.items() if (n, k) in orders
+        ]
+        if invariant_out_path is not None and invariant:
+            write_table(invariant_out_path, invariant, **stamp)
+        if timings_path is not None:
+            rows = [{"n": n, "k": k, "batch": b,
+                     "timed": [[list(astuple(t.tactic)), round(t.chained_us, 3), round(t.alone_us, 3)]
+                               for t in found]}
+                    for (n, k, b), found in timed.items()]
+            Path(timings_path).write_text(json.dumps(rows, indent=0) + "\n")
+        return invariant
+
+    def run_pass(candidates, description):
+        precompile(candidates.values(), **kinds)
+        with tqdm(total=sum(map(len, candidates.values())), desc=description, unit="tactic") as progress:
+            for n, k in shapes:
+                timer = ShapeTimer(n, k, **kinds)
+                for b in batches:
+                    timed.setdefault((n, k, b), []).extend(timer.time(b, candidates[n, k, b], progress))
+                del timer
+                write()
+
+    run_pass({(n, k, b): candidate_tactics(n, k, b, gpu, limit=limit) for n, k in shapes for b in batches}, "tune")
+    if invariant_limit is not None:
+        # The smallest batch's winner fixes each shape's summation order for every batch.
+        orders.update({(n, k): best(timed[n, k, batches[0]]).tactic.summation_order for n, k in shapes})
+        run_pass({
+            (n, k, b): [t for t in candidate_tactics(n, k, b, gpu, limit=invariant_limit, order=orders[n, k])
+                        if t not in {done.tactic for done in timed[n, k, b]}]
+            for n, k in shapes for b in batches
+        }, "tune batch-invariant")
+    invariant = write()
+    entries = [entry(*cell, best(found), batch_invariant=False, **stamped) for cell, found in timed.items()]
     print(f"tuned {len(shapes)} shapes x {len(batches)} batches in {time.perf_counter() - started:.0f} s")
-    return entries
+    return entries, invariant

@@ -43,12 +43,18 @@ def test_for_weight_picks_table_or_heuristic_and_is_correct():
         assert_close_to_reference(out, x, weight, label=f"for_weight M={batch}")
 
 
-def test_tuner_writes_a_loadable_table(tmp_path):
-    path = tmp_path / "table.json"
-    entries = tune([(1024, 1536)], [1, 16], limit=2, out_path=path)
-    assert [e["batch"] for e in entries] == [1, 16]
-    assert all(e["us"] > 0 for e in entries)
+def test_tuner_writes_loadable_tables(tmp_path):
+    path, invariant_path = tmp_path / "table.json", tmp_path / "invariant.json"
+    entries, invariant = tune([(1024, 1536)], [1, 16], limit=2, invariant_limit=2, out_path=path,
+                              invariant_out_path=invariant_path, timings_path=tmp_path / "timings.json")
+    assert sorted(e["batch"] for e in entries) == [1, 16] == sorted(e["batch"] for e in invariant)
+    assert all(e["us"] > 0 for e in entries + invariant)
     assert len(load_table(path)) == 1
+    (tactics,) = load_table(invariant_path).values()
+    assert len({t.summation_order for t in tactics.values()}) == 1
+    # The free table may only be faster: it saw every candidate the invariant one saw.
+    free = {e["batch"]: e["us"] for e in entries}
+    assert all(free[e["batch"]] <= e["us"] for e in invariant)
 
 
 def test_benchmark_times_every_provider():

@@ -1,0 +1,61 @@
+"""CPU tests of the tuner's bookkeeping: a fake timer stands in for the GPU."""
+
+import json
+
+import pytest
+import torch
+
+from decode_projection import tune as tuning
+from decode_projection.policies import H200, predicted_time_us
+from decode_projection.tables import load_table
+
+
+class FakeTimer:
+    """Times from the cost model, slower after glue for deep split-1 grids (as measured)."""
+
+    def __init__(self, n, k, **_):
+        self.n, self.k = n, k
+
+    def time(self, batch, tactics, progress):
+        found = []
+        for t in tactics:
+            chained = predicted_time_us(self.n, self.k, batch, t)
+            found.append(tuning.Timed(t, chained, chained * (1.3 if t.split == 1 else 1.0)))
+            progress.update()
+        return found
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """The tuner with FakeTimer, no compiling, and an H200 as the current device."""
+    monkeypatch.setattr(tuning, "ShapeTimer", FakeTimer)
+    monkeypatch.setattr(tuning, "precompile", lambda *args, **kwargs: None)
+    monkeypatch.setattr(tuning, "gpu_spec", lambda device=None: H200)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+
+def test_one_pass_writes_both_tables_and_every_timing(fake_gpu, tmp_path):
+    shapes, batches = [(2112, 7168), (7168, 1536)], [1, 16, 64, 256]
+    paths = {name: tmp_path / f"{name}.json" for name in ("free", "invariant", "timings")}
+    entries, invariant = tuning.tune(shapes, batches, limit=6, invariant_limit=4, out_path=paths["free"],
+                                     invariant_out_path=paths["invariant"], timings_path=paths["timings"])
+    assert len(entries) == len(invariant) == len(shapes) * len(batches)
+    free_table, invariant_table = load_table(paths["free"]), load_table(paths["invariant"])
+    assert len(free_table) == len(invariant_table) == len(shapes)
+    for tactics in invariant_table.values():
+        assert len({t.summation_order for t in tactics.values()}) == 1
+    free_us = {(e["n"], e["k"], e["batch"]): e["us"] for e in entries}
+    assert all(free_us[e["n"], e["k"], e["batch"]] <= e["us"] for e in invariant)
+    timings = json.loads(paths["timings"].read_text())
+    assert {(row["n"], row["k"], row["batch"]) for row in timings} == set(free_us)
+    # Each cell's winner is the best mean of its two launch contexts.
+    for row in timings:
+        best = min(row["timed"], key=lambda timed: timed[1] + timed[2])
+        assert abs(free_us[row["n"], row["k"], row["batch"]] - (best[1] + best[2]) / 2) < 2e-3
+
+
+def test_without_an_invariant_limit_only_the_free_table_is_written(fake_gpu, tmp_path):
+    entries, invariant = tuning.tune([(1536, 128)], [1, 8], limit=3, out_path=tmp_path / "free.json",
+                                     invariant_out_path=tmp_path / "invariant.json")
+    assert len(entries) == 2 and invariant == []
+    assert (tmp_path / "free.json").exists() and not (tmp_path / "invariant.json").exists()
