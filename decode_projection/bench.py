@@ -160,7 +160,8 @@ def format_markdown(cells, batches=(1, 16, 64, 256), policy="tuned") -> str:
         speedups = [c.speedup for c in picked if c.batch == b]
         if speedups:
             geomeans.append(f"{math.exp(sum(map(math.log, speedups)) / len(speedups)):.2f}x at M={b}")
-    lines.append("\nGeometric-mean speedup over torch.matmul: " + ", ".join(geomeans) + ".")
+    if geomeans:
+        lines.append("\nGeometric-mean speedup over torch.matmul: " + ", ".join(geomeans) + ".")
     return "\n".join(lines)
 
 

@@ -6,7 +6,7 @@ CTAs that split-K reductions and re-read activations cost more than they hide.
 Measured on an H200 (docs/performance.md): the deepest pipeline that fits wins,
 and about 0.4 CTAs per SM already saturate HBM when each keeps ~200 KB in
 flight; past that, extra split only adds reduction work. Compute-bound batches
-(activation tiles of 128 or more) want a CTA on every SM instead.
+(activation tiles of 96 or more) want a CTA on every SM instead.
 """
 
 import math
@@ -15,14 +15,14 @@ from dataclasses import dataclass, replace
 import torch
 
 from .splitk import (
-    ACTIVATION_ROWS, BARRIER_BYTES, K_BOXES, SPLITS, TILE_K, WEIGHT_ROWS, SplitKTactic, as_tactic, max_stages,
+    ACTIVATION_ROWS, BARRIER_BYTES, BOX_K, K_BOXES, SPLITS, WEIGHT_ROWS, SplitKTactic, as_tactic, max_stages,
 )
 
 MIN_K_TILES_PER_CTA = 4  # fewer and the pipeline never fills
 STREAMING_CTA_FRACTION = 0.375  # CTAs per SM that saturate HBM with deep pipelines
 COMPUTE_BOUND_ROWS = 96  # activation tiles from here on want every SM busy
-MIN_STAGES = 3  # shallower pipelines never won a sweep
-WIDE_STAGE_CANDIDATES = 4  # slots for 2- and 4-box stages of the two best one-box tactics
+MIN_STAGES = 3  # one-box stages: shallower pipelines never won a sweep (wide stages may go to 2)
+WIDE_STAGE_CANDIDATES = 4  # slots for 2- and 4-box variants of the best one-box tactics
 MOST_CTAS_PER_SM = 6  # enough for a 64-row, split-2 grid of the largest shape to fit in one wave
 RESERVED_SMEM_PER_CTA = 1024  # what the driver keeps per resident CTA on sm_90
 SM_FLOPS_PER_US = 6.0e6  # dense BF16 wgmma per SM, ~80% of the datasheet 989 TFLOPS / 132
@@ -57,7 +57,7 @@ def activation_rows_for(batch: int) -> int:
 
 def largest_split(k: int) -> int:
     """The largest split that still gives each CTA a pipeline's worth of K tiles."""
-    k_tiles = math.ceil(k / TILE_K)
+    k_tiles = math.ceil(k / BOX_K)
     fitting = [s for s in SPLITS if k_tiles >= s * MIN_K_TILES_PER_CTA]
     return max(fitting, default=1)
 
@@ -71,14 +71,7 @@ def default_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, batch_inv
     """
     acts = activation_rows_for(batch)
     if order is not None:
-        split, k_boxes = order
-        rows = default_tactic(n, k, 1, gpu, batch_invariant=True).weight_rows
-        # Wide stages may not fit a large activation tile: tile the batch instead.
-        fitting = (
-            SplitKTactic(rows, tile, split, max_stages(rows, tile, split, k_boxes), k_boxes)
-            for tile in sorted(ACTIVATION_ROWS, reverse=True) if tile <= acts
-        )
-        return as_tactic(next((t for t in fitting if t.valid), SplitKTactic(rows, 8, split, 1, k_boxes)))
+        return pinned_tactic(n, k, batch, order, gpu)
     split_rows = activation_rows_for(1) if batch_invariant else acts
     fraction = 1.0 if split_rows >= COMPUTE_BOUND_ROWS else STREAMING_CTA_FRACTION
     target = math.ceil(fraction * gpu.sm_count)
@@ -87,6 +80,27 @@ def default_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, batch_inv
     tiles = math.ceil(n / rows)
     split = next((s for s in SPLITS if s <= most and tiles * s >= target), most)
     return as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split)))
+
+
+def pinned_tactic(n: int, k: int, batch: int, order, gpu: GpuSpec = H200) -> SplitKTactic:
+    """The heuristic's tactic with the summation order ``order`` = (split, k boxes).
+
+    Wide stages may not fit a large activation tile with the usual weight rows:
+    then the other weight tile, else a smaller activation tile (the batch is
+    tiled, and the weight read once per tile).
+    """
+    split, k_boxes = order
+    usual = default_tactic(n, k, 1, gpu, batch_invariant=True).weight_rows
+    rows_first = [usual] + [rows for rows in WEIGHT_ROWS if rows != usual]
+    tiles = [tile for tile in sorted(ACTIVATION_ROWS, reverse=True) if tile <= activation_rows_for(batch)]
+    options = [
+        SplitKTactic(rows, tile, split, max_stages(rows, tile, split, k_boxes), k_boxes)
+        for tile in tiles for rows in rows_first
+    ]
+    valid = [t for t in options if t.valid]
+    if not valid:
+        raise ValueError(f"no tactic sums in the order (split {split}, k boxes {k_boxes}) for {n}x{k} M={batch}")
+    return next((t for t in valid if t.stages >= MIN_STAGES), valid[0])
 
 
 def default_policies(n, k, batches, *, device=None, output_dtype=torch.bfloat16, batch_invariant=False):
@@ -135,15 +149,15 @@ def predicted_time_us(n: int, k: int, batch: int, tactic: SplitKTactic, gpu: Gpu
 
 def activation_tile_choices(batch: int) -> list[int]:
     """Activation tiles worth timing: the covering one, and from compute-bound batches on
-    also a half and a quarter of it (more CTAs for the tensor cores, less padding at 192,
-    at the price of reading the weight once per activation tile)."""
+    also a half and a quarter of it (more CTAs for the tensor cores, at the price of
+    reading the weight once per activation tile)."""
     covering = activation_rows_for(batch)
     if covering < COMPUTE_BOUND_ROWS:
         return [covering]
     return [tile for tile in (covering, covering // 2, covering // 4) if tile in ACTIVATION_ROWS]
 
 
-def pool_tactics(batch, k, *, order=None):
+def pool_tactics(batch, k, gpu: GpuSpec = H200, *, order=None):
     """Every tactic worth timing for one batch: each tile and split, at the deepest
     pipeline that lets 1 to MOST_CTAS_PER_SM CTAs share an SM (so a grid can fit in one wave).
 
@@ -157,7 +171,7 @@ def pool_tactics(batch, k, *, order=None):
             for s in splits:
                 for resident in range(1, MOST_CTAS_PER_SM + 1):
                     probe = SplitKTactic(rows, acts, s, 1, k_boxes)
-                    budget = H200.smem_per_sm // resident - RESERVED_SMEM_PER_CTA - BARRIER_BYTES
+                    budget = gpu.smem_per_sm // resident - RESERVED_SMEM_PER_CTA - BARRIER_BYTES
                     stages = min(max_stages(rows, acts, s, k_boxes), budget // probe.stage_bytes)
                     tactic = SplitKTactic(rows, acts, s, stages, k_boxes)
                     if stages >= MIN_STAGES and tactic.valid:
@@ -166,30 +180,39 @@ def pool_tactics(batch, k, *, order=None):
 
 
 def with_k_boxes(tactic: SplitKTactic, k_boxes: int) -> SplitKTactic:
-    """``tactic`` with ``k_boxes`` boxes per stage in about the same shared memory."""
-    wider = replace(tactic, k_boxes=k_boxes, stages=1)
-    return replace(wider, stages=tactic.stages * tactic.stage_bytes // wider.stage_bytes)
+    """``tactic`` with ``k_boxes`` boxes per stage and the same boxes in flight (so no more shared memory)."""
+    return replace(tactic, k_boxes=k_boxes, stages=tactic.stages * tactic.k_boxes // k_boxes)
+
+
+def fills_every_rank(tactic: SplitKTactic, k: int) -> bool:
+    """Every split rank gets at least two stages of K (the last one included)."""
+    tiles = math.ceil(k / tactic.tile_k)
+    per_rank = math.ceil(tiles / tactic.split)
+    return tiles >= 2 * tactic.split and (tactic.split - 1) * per_rank < tiles
 
 
 def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
-    """Up to ``limit`` valid tactics: the heuristic's pick, then the cost model's best of
-    each (tile, split) family, then its best overall; unless ``order`` pins the split and
-    K boxes, the last WIDE_STAGE_CANDIDATES slots go to the two best with 2 and 4 boxes per
-    stage (the model cannot tell those apart: only timing can).
+    """Up to ``limit`` valid tactics: the heuristic's pick, the cost model's best of each
+    (weight rows, activation rows, split) family, then its best overall.
+
+    Up to WIDE_STAGE_CANDIDATES of the slots after the first ``limit -
+    WIDE_STAGE_CANDIDATES`` go to 2- and 4-box variants of the two best (the model
+    cannot tell stage widths apart: only timing can), unless ``order`` pins a split
+    above 1 and with it the K boxes.
     """
     pick = default_tactic(n, k, batch, gpu, order=order)
-    ranked = sorted(pool_tactics(batch, k, order=order) - {pick},
+    ranked = sorted(pool_tactics(batch, k, gpu, order=order) - {pick},
                     key=lambda t: (predicted_time_us(n, k, batch, t, gpu), str(t)))
     family = lambda t: (t.weight_rows, t.activation_rows, t.split)  # noqa: E731
     family_bests = list({family(t): t for t in reversed(ranked)}.values())
     family_bests.sort(key=ranked.index)
-    chosen = ([pick] if pick.valid else []) + family_bests
+    chosen = [pick] + family_bests
     chosen += [t for t in ranked if t not in chosen]
-    if order is not None:
+    if order is not None and order[0] > 1:
         return chosen[:limit]
     base = chosen[: max(1, limit - WIDE_STAGE_CANDIDATES)]
-    wide = [with_k_boxes(t, boxes) for t in base[:2] for boxes in K_BOXES[1:]]
-    wide = [t for t in wide if t.valid and math.ceil(k / t.tile_k) >= 2 * t.split]
+    wide = [with_k_boxes(t, boxes) for t in base[:2] for boxes in K_BOXES[1:] if t.k_boxes == 1]
+    wide = [t for t in wide if t.valid and fills_every_rank(t, k) and t not in base]
     rest = [t for t in chosen if t not in base]
     return (base + wide + rest)[:limit]
 

@@ -20,7 +20,7 @@ from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 from .disk_cache import cached_compile
 from .policies import gpu_spec, resolve_policies
 from .runtime import architecture, current_stream, tensor_maps, to_cute
-from .splitk import TILE_K, SplitKGemm, as_tactic
+from .splitk import BOX_K, SplitKGemm, as_tactic
 
 WEIGHT_DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
 OUTPUT_DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float32: cutlass.Float32}
@@ -102,7 +102,7 @@ def weight_map(weight, rows):
     n, k = weight.shape
     # A single row's pitch is never used, and PyTorch may report any stride there.
     pitch = weight.stride(0) * weight.element_size() if n > 1 else -(-k // 8) * 16
-    spec = (weight.data_ptr(), dtype, (k, n), (pitch,), (TILE_K, rows), swizzle, l2)
+    spec = (weight.data_ptr(), dtype, (k, n), (pitch,), (BOX_K, rows), swizzle, l2)
     return tensor_maps([spec], weight.device)
 
 

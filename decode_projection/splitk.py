@@ -14,7 +14,8 @@ once. The kernel is shaped around that:
   used once per step and must not push activations or KV out of L2.
   Activation tiles arrive by TMA with EVICT_LAST: every CTA re-reads them.
 * A producer warp keeps ``stages`` tiles in flight through an mbarrier
-  pipeline; one consumer warpgroup per 64 weight rows issues wgmma.
+  pipeline (a stage holds 1, 2 or 4 TMA boxes of 64 K); one consumer
+  warpgroup per 64 weight rows issues wgmma, keeping one group in flight.
 * Split K across the ``split`` CTAs of a thread-block cluster (short N, long K
   needs more CTAs than N tiles to fill 132 SMs). Partial sums are reduced
   through distributed shared memory in a fixed rank order: no atomics, no
@@ -36,7 +37,7 @@ from cutlass.experimental.primitives import nvvm_wrapper as nvvm
 EVICT_FIRST = 0x12F0000000000000
 EVICT_LAST = 0x14F0000000000000
 
-TILE_K = 64  # K of one TMA box: 64 16-bit elements = one 128-byte swizzle row
+BOX_K = 64  # K of one TMA box: 64 16-bit elements = one 128-byte swizzle row
 K_BOXES = (1, 2, 4)  # boxes per stage along K: 128, 256 or 512 contiguous bytes of each weight row
 WGMMA_ROWS = 64  # weight rows per consumer warpgroup (wgmma M)
 WEIGHT_ROWS = (64, 128)
@@ -62,12 +63,16 @@ class SplitKTactic:
     @property
     def tile_k(self) -> int:
         """K of one pipeline stage."""
-        return TILE_K * self.k_boxes
+        return BOX_K * self.k_boxes
 
     @property
     def summation_order(self) -> tuple[int, int]:
-        """(split, k boxes): what fixes the K slices and so the order each output is summed in."""
-        return (self.split, self.k_boxes)
+        """(split, k boxes): what fixes the K slices and so the order each output is summed in.
+
+        One CTA sums all of K in the same order whatever its stage width, so split 1
+        has a single order.
+        """
+        return (self.split, self.k_boxes if self.split > 1 else 1)
 
     @property
     def tile_mnk(self) -> tuple[int, int, int]:
@@ -138,7 +143,7 @@ class SplitKTactic:
 
 
 def as_tactic(tactic) -> SplitKTactic:
-    """A SplitKTactic from a tactic or a (weight rows, activation rows, split, stages) tuple."""
+    """A SplitKTactic from a tactic or a (weight rows, activation rows, split, stages[, k boxes]) tuple."""
     tactic = tactic if isinstance(tactic, SplitKTactic) else SplitKTactic(*tactic)
     problems = tactic.problems()
     if problems:
@@ -381,9 +386,9 @@ class SplitKGemm:
         if nvvm.elect_sync():
             for box in cutlass.range_constexpr(t.k_boxes):
                 nvvm.cp_async_bulk_tensor_shared_cta_global(
-                    weight_tiles + state.index * (t.weight_rows * t.tile_k) + box * (t.weight_rows * TILE_K),
+                    weight_tiles + state.index * (t.weight_rows * t.tile_k) + box * (t.weight_rows * BOX_K),
                     descriptor,
-                    [k_tile * t.tile_k + box * TILE_K, weight_row],
+                    [k_tile * t.tile_k + box * BOX_K, weight_row],
                     tiles.producer_get_barrier(state),
                     l2_cache_hint=EVICT_FIRST,
                 )

@@ -68,4 +68,3 @@ def foreign_kernel(device=None):
     """A small elementwise kernel standing in for the glue between projections in a model."""
     scratch = torch.zeros(4096, device=device)
     return lambda: scratch.add_(1.0)
-

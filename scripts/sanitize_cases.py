@@ -1,4 +1,4 @@
-"""A few small projections for compute-sanitizer (memcheck, racecheck): split 1, 2, 4 and 8, 1-4 K boxes."""
+"""A few small projections for compute-sanitizer (memcheck, racecheck): split 1, 2, 4 and 8; 1, 2 and 4 K boxes."""
 
 import torch
 

@@ -150,7 +150,7 @@ def test_shipped_h200_tables_cover_the_workload(invariant):
         key = tables.TableKey("NVIDIA H200", 132, n, k, "bfloat16", "bfloat16", invariant)
         assert sorted(shipped[key]) == list(DECODE_BATCHES)
         if invariant:
-            assert len({t.split for t in shipped[key].values()}) == 1
+            assert len({t.summation_order for t in shipped[key].values()}) == 1
 
 
 def test_wide_stage_candidates_keep_shared_memory_and_cover_k():
