@@ -45,6 +45,8 @@ WEIGHT_ROWS = (64, 128)
 # only partly filled (rows past M are TMA zero-fill) measured up to 1.6x slower.
 ACTIVATION_ROWS = (8, 16, 32, 48, 64, 96, 128, 192, 256)
 SPLITS = (1, 2, 4, 8)  # portable cluster sizes
+MULTICASTS = (1, 2, 4)  # CTAs of neighbouring weight tiles that share one activation load
+PORTABLE_CLUSTER = 8
 SMEM_CAPACITY = 227 * 1024  # sm_90 opt-in shared memory per block
 BARRIER_BYTES = 1024  # mbarriers, rounded up to the 1024-byte tile alignment
 
@@ -52,13 +54,14 @@ BARRIER_BYTES = 1024  # mbarriers, rounded up to the 1024-byte tile alignment
 @dataclass(frozen=True)
 class SplitKTactic:
     """One kernel configuration: weight rows per CTA, activation rows per CTA, split K, stages,
-    and TMA boxes per stage along K."""
+    TMA boxes per stage along K, and how many weight tiles share each activation load."""
 
     weight_rows: int
     activation_rows: int
     split: int
     stages: int
     k_boxes: int = 1
+    multicast: int = 1
 
     @property
     def tile_k(self) -> int:
@@ -125,8 +128,14 @@ class SplitKTactic:
             found.append(f"stages {self.stages} < 2")
         if self.k_boxes not in K_BOXES:
             found.append(f"k boxes {self.k_boxes} not in {K_BOXES}")
+        if self.multicast not in MULTICASTS:
+            found.append(f"multicast {self.multicast} not in {MULTICASTS}")
         if found:
             return found
+        if self.split * self.multicast > PORTABLE_CLUSTER:
+            found.append(f"cluster of split {self.split} x multicast {self.multicast} > {PORTABLE_CLUSTER} CTAs")
+        if self.activation_rows % (8 * self.multicast):
+            found.append(f"{self.activation_rows} activation rows do not split into {self.multicast} loads of 8n rows")
         if self.smem_bytes > SMEM_CAPACITY:
             found.append(f"{self.smem_bytes} B of shared memory > {SMEM_CAPACITY}")
         if self.reduction_bytes > self.stages * self.stage_bytes:
@@ -197,10 +206,11 @@ class SplitKGemm:
         weight_smem = sm90_utils.make_smem_layout_a(k_major, t.tile_mnk, operand, t.stages)
         act_smem = sm90_utils.make_smem_layout_b(k_major, t.tile_mnk, operand, t.stages)
         act_tma, act_coords = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SOp(),
+            cpasync.CopyBulkTensorTileG2SMulticastOp() if t.multicast > 1 else cpasync.CopyBulkTensorTileG2SOp(),
             activations,
             cute.slice_(act_smem, (None, None, 0)),
             (t.activation_rows, t.tile_k),
+            num_multicast=t.multicast,
         )
 
         @cute.struct
@@ -215,14 +225,15 @@ class SplitKGemm:
             ]
 
         self.shared_storage = SharedStorage
-        n_tiles = cute.ceil_div(weight.shape[0], t.weight_rows)
+        # Whole multicast groups: the tiles past N read zeros and store nothing.
+        n_tiles = cute.ceil_div(cute.ceil_div(weight.shape[0], t.weight_rows), t.multicast) * t.multicast
         m_tiles = cute.ceil_div(activations.shape[0], t.activation_rows)
         self.kernel(
             tiled_mma, act_tma, act_coords, weight_smem, act_smem, weight, out, weight_map
         ).launch(
             grid=(n_tiles * t.split, m_tiles, 1),
             block=(t.threads, 1, 1),
-            cluster=(t.split, 1, 1),
+            cluster=(t.split * t.multicast, 1, 1),
             stream=stream,
             use_pdl=True,
         )
@@ -243,7 +254,10 @@ class SplitKGemm:
         tidx, _, _ = cute.arch.thread_idx()
         bidx, m_tile, _ = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        # A cluster is ``multicast`` neighbouring weight tiles x ``split`` K slices.
+        in_cluster = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        rank = in_cluster % t.split
+        sharer = in_cluster // t.split
         n_tile = bidx // t.split
 
         # This CTA's contiguous slice of the K tiles; the last ranks may get none.
@@ -264,10 +278,14 @@ class SplitKGemm:
             num_stages=t.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             consumer_group=pipeline.CooperativeGroup(
-                pipeline.Agent.Thread, self.consumer_threads // 32
+                pipeline.Agent.Thread, self.consumer_threads if t.multicast > 1 else self.consumer_threads // 32
             ),
             tx_count=t.stage_bytes,
-            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+            # Sharers sit on the M mode (they hold different weight rows) and receive
+            # the same activation tile; split ranks sit on the K mode and share nothing.
+            cta_layout_vmnk=cute.make_layout((1, t.multicast, 1, t.split), stride=(0, t.split, 0, 1)),
+            mcast_mode_mn=(0, 1),
+            enable_multicast_signaling=t.multicast > 1,
         )
         s_weight = storage.weight_tiles.get_tensor(weight_smem.outer, swizzle=weight_smem.inner)
         s_act = storage.act_tiles.get_tensor(act_smem.outer, swizzle=act_smem.inner)
@@ -276,13 +294,15 @@ class SplitKGemm:
             g_act = cute.local_tile(
                 act_coords, t.tile_mnk, (n_tile, m_tile, None, 0), proj=(None, 1, 1)
             )
+            # Each sharer loads 1/multicast of the activation rows into every sharer.
             t_act_smem, t_act_global = cpasync.tma_partition(
                 act_tma,
-                0,
-                cute.make_layout(1),
+                sharer,
+                cute.make_layout(t.multicast),
                 cute.group_modes(s_act, 0, 2),
                 cute.group_modes(g_act, 0, 2),
             )
+            sharers_mask = cutlass.Int16(sum(1 << (i * t.split) for i in range(t.multicast))) << rank
             descriptor = cute.make_ptr(
                 cutlass.Int8, weight_map, cute.AddressSpace.generic, assumed_align=128
             )
@@ -305,14 +325,17 @@ class SplitKGemm:
             cute.arch.griddepcontrol_wait()
             early = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, t.stages)
             for i in cutlass.range(prefetch, unroll=1):
-                self.load_activations(act_tma, t_act_global, t_act_smem, early, tiles, k_begin + i)
+                self.load_activations(act_tma, t_act_global, t_act_smem, early, tiles, k_begin + i, sharers_mask)
                 early.advance()
             for i in cutlass.range(prefetch, k_count, unroll=1):
                 tiles.producer_acquire(state)
                 self.load_weight(weight_tiles, state, descriptor, tiles, k_begin + i, weight_row)
-                self.load_activations(act_tma, t_act_global, t_act_smem, state, tiles, k_begin + i)
+                self.load_activations(act_tma, t_act_global, t_act_smem, state, tiles, k_begin + i, sharers_mask)
                 state.advance()
             cute.arch.griddepcontrol_launch_dependents()
+            if cutlass.const_expr(t.multicast > 1):
+                # Sharers' consumers release this CTA's stages remotely: stay until they have.
+                tiles.producer_tail(state)
             if cutlass.const_expr(t.split > 1):
                 # The reduction's cluster barrier counts every thread.
                 cute.arch.cluster_arrive()
@@ -372,7 +395,7 @@ class SplitKGemm:
                     if row0 + n < rows and col0 + m < cols:
                         out[row0 + n, col0 + m, 0] = acc[r].to(out.element_type)
             else:
-                self.reduce_across_cluster(acc, coords, rank, storage, out, row0, col0)
+                self.reduce_across_cluster(acc, coords, rank, sharer, storage, out, row0, col0)
 
     @cute.jit
     def load_weight(self, weight_tiles, state, descriptor, tiles, k_tile, weight_row):
@@ -394,18 +417,28 @@ class SplitKGemm:
                 )
 
     @cute.jit
-    def load_activations(self, act_tma, t_act_global, t_act_smem, state, tiles, k_tile):
-        """One activation tile by TMA, kept in L2 for the other CTAs."""
-        cute.copy(
-            act_tma,
-            t_act_global[(None, k_tile)],
-            t_act_smem[(None, state.index)],
-            tma_bar_ptr=tiles.producer_get_barrier(state),
-            cache_policy=cutlass.Int64(EVICT_LAST),
-        )
+    def load_activations(self, act_tma, t_act_global, t_act_smem, state, tiles, k_tile, sharers_mask):
+        """This CTA's share of one activation tile by TMA, to every sharer, kept in L2 for the other CTAs."""
+        if cutlass.const_expr(self.tactic.multicast > 1):
+            cute.copy(
+                act_tma,
+                t_act_global[(None, k_tile)],
+                t_act_smem[(None, state.index)],
+                tma_bar_ptr=tiles.producer_get_barrier(state),
+                mcast_mask=sharers_mask,
+                cache_policy=cutlass.Int64(EVICT_LAST),
+            )
+        else:
+            cute.copy(
+                act_tma,
+                t_act_global[(None, k_tile)],
+                t_act_smem[(None, state.index)],
+                tma_bar_ptr=tiles.producer_get_barrier(state),
+                cache_policy=cutlass.Int64(EVICT_LAST),
+            )
 
     @cute.jit
-    def reduce_across_cluster(self, acc, coords, rank, storage, out, row0, col0):
+    def reduce_across_cluster(self, acc, coords, rank, sharer, storage, out, row0, col0):
         """Sum the split partials through DSMEM in rank order; each rank stores a share.
 
         Accumulator ``r`` of every thread is owned by rank ``r % split``: each CTA
@@ -435,7 +468,7 @@ class SplitKGemm:
         bits = cute.recast_tensor(acc, cutlass.Int32)
         for r in cutlass.range_constexpr(t.partials_per_thread):
             cute.arch.store_async_dsmem(
-                buffer + slot((tidx, r // t.split, rank)), bits[r], arrived, r % t.split
+                buffer + slot((tidx, r // t.split, rank)), bits[r], arrived, sharer * t.split + r % t.split
             )
         cute.arch.mbarrier_wait(arrived, 0)
         sums = cute.make_tensor(buffer, slot)
