@@ -1,38 +1,21 @@
 """GPU tests on a Hopper GPU: every tactic of the grid against a float64 reference."""
 
-import itertools
-
 import pytest
 import torch
 
 from decode_projection import PreparedProjection, SplitKTactic
-from decode_projection.splitk import ACTIVATION_ROWS, K_BOXES, SPLITS, WEIGHT_ROWS, max_stages
 from decode_projection.checks import assert_close_to_reference
+
+from .tactic_grid import GRID, tactic_id
 
 pytestmark = pytest.mark.gpu
 
-GRID = [
-    SplitKTactic(rows, acts, split, min(4, max_stages(rows, acts, split)))
-    for rows, acts, split in itertools.product(WEIGHT_ROWS, ACTIVATION_ROWS, SPLITS)
-]
-# The deepest pipelines, where shared memory is nearly full.
-GRID += [SplitKTactic(64, 8, 4, max_stages(64, 8, 4)), SplitKTactic(128, 64, 2, max_stages(128, 64, 2))]
-# Stages of 2 and 4 TMA boxes along K (K tails inside a stage, fewer K tiles than ranks).
-GRID += [
-    tactic
-    for rows, acts, split, boxes in itertools.product(WEIGHT_ROWS, (8, 64, 128), (1, 4), K_BOXES[1:])
-    if (tactic := SplitKTactic(rows, acts, split, min(3, max_stages(rows, acts, split, boxes)), boxes)).valid
-]
 DTYPES = [
     (torch.bfloat16, torch.bfloat16),
     (torch.float16, torch.float32),
     (torch.bfloat16, torch.float32),
     (torch.float16, torch.bfloat16),
 ]
-
-
-def ids(tactic):
-    return f"w{tactic.weight_rows}-a{tactic.activation_rows}-s{tactic.split}-st{tactic.stages}-kb{tactic.k_boxes}"
 
 
 def run_guarded(projection, x, n, out_dtype):
@@ -48,7 +31,7 @@ def run_guarded(projection, x, n, out_dtype):
     return out
 
 
-@pytest.mark.parametrize("tactic", GRID, ids=ids)
+@pytest.mark.parametrize("tactic", GRID, ids=tactic_id)
 def test_every_tactic_matches_float64(tactic):
     index = GRID.index(tactic)
     weight_dtype, out_dtype = DTYPES[index % len(DTYPES)]

@@ -1,14 +1,15 @@
 """CPU tests: argument validation, the code-only compile cache, and every tactic's SASS."""
 
 import contextlib
-import itertools
 
 import pytest
 import torch
 
 from decode_projection import PreparedProjection, SplitKTactic, compile_projection, projection
 from decode_projection.sass import kernel_report
-from decode_projection.splitk import ACTIVATION_ROWS, K_BOXES, SPLITS, WEIGHT_ROWS, as_tactic, max_stages
+from decode_projection.splitk import as_tactic, max_stages
+
+from .tactic_grid import GRID, tactic_id
 
 TACTIC = SplitKTactic(64, 8, 2, 4)
 
@@ -143,19 +144,7 @@ def test_tactic_predicate_is_shared():
     assert not SplitKTactic(128, 256, 1, deepest + 1).valid
 
 
-COMPILE_GRID = [
-    SplitKTactic(rows, acts, split, min(4, max_stages(rows, acts, split)))
-    for rows, acts, split in itertools.product(WEIGHT_ROWS, ACTIVATION_ROWS, SPLITS)
-] + [
-    tactic
-    for rows, acts, split, boxes in itertools.product(WEIGHT_ROWS, (8, 64, 128), (1, 4), K_BOXES[1:])
-    if (tactic := SplitKTactic(rows, acts, split, min(3, max_stages(rows, acts, split, boxes)), boxes)).valid
-]
-
-
-@pytest.mark.parametrize(
-    "tactic", COMPILE_GRID, ids=lambda t: f"w{t.weight_rows}-a{t.activation_rows}-s{t.split}-kb{t.k_boxes}"
-)
+@pytest.mark.parametrize("tactic", GRID, ids=tactic_id)
 def test_every_tactic_compiles_to_wgmma_and_tma_without_spills(tactic):
     report = kernel_report(compile_projection(tactic, torch.bfloat16, "sm_90a"))
     assert report.arch == "sm_90a"

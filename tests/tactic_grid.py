@@ -1,0 +1,26 @@
+"""The tactic grid that the compile-only (CPU) and the float64 (GPU) tests both cover."""
+
+import itertools
+
+from decode_projection import SplitKTactic
+from decode_projection.splitk import ACTIVATION_ROWS, K_BOXES, SPLITS, WEIGHT_ROWS, max_stages
+
+# Every tile and split at a short pipeline.
+GRID = [
+    SplitKTactic(rows, acts, split, min(4, max_stages(rows, acts, split)))
+    for rows, acts, split in itertools.product(WEIGHT_ROWS, ACTIVATION_ROWS, SPLITS)
+]
+# The deepest pipelines, where shared memory is nearly full.
+GRID += [SplitKTactic(64, 8, 4, max_stages(64, 8, 4)), SplitKTactic(128, 64, 2, max_stages(128, 64, 2))]
+# Stages of 2 and 4 TMA boxes along K (K tails inside a stage, fewer K tiles than ranks).
+GRID += [
+    tactic
+    for rows, acts, split, boxes in itertools.product(WEIGHT_ROWS, (8, 64, 128), (1, 4), K_BOXES[1:])
+    if (tactic := SplitKTactic(rows, acts, split, min(3, max_stages(rows, acts, split, boxes)), boxes)).valid
+]
+
+
+def tactic_id(tactic: SplitKTactic) -> str:
+    """A short test id: w<weight rows>-a<activation rows>-s<split>-st<stages>-kb<k boxes>."""
+    return (f"w{tactic.weight_rows}-a{tactic.activation_rows}-s{tactic.split}-st{tactic.stages}"
+            f"-kb{tactic.k_boxes}")
