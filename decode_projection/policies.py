@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from .splitk import (
-    ACTIVATION_ROWS, BARRIER_BYTES, BOX_K, K_BOXES, SPLITS, WEIGHT_ROWS, SplitKTactic, as_tactic, max_stages,
+    ACTIVATION_ROWS, BARRIER_BYTES, BOX_K, K_BOXES, MULTICASTS, SPLITS, WEIGHT_ROWS, SplitKTactic, as_tactic,
+    max_stages,
 )
 
 MIN_K_TILES_PER_CTA = 4  # fewer and the pipeline never fills
@@ -23,6 +24,8 @@ STREAMING_CTA_FRACTION = 0.375  # CTAs per SM that saturate HBM with deep pipeli
 COMPUTE_BOUND_ROWS = 96  # activation tiles from here on want every SM busy
 MIN_STAGES = 3  # one-box stages: shallower pipelines never won a sweep (wide stages may go to 2)
 WIDE_STAGE_CANDIDATES = 4  # slots for 2- and 4-box variants of the best one-box tactics
+SHARED_LOAD_CANDIDATES = 2  # slots for the best tactic with its activations multicast to 2 and 4 tiles
+SHARED_LOAD_ROWS = 32  # activation tiles from here on cost enough L2 traffic to share
 MOST_CTAS_PER_SM = 6  # enough for a 64-row, split-2 grid of the largest shape to fit in one wave
 RESERVED_SMEM_PER_CTA = 1024  # what the driver keeps per resident CTA on sm_90
 SM_FLOPS_PER_US = 6.0e6  # dense BF16 wgmma per SM, ~80% of the datasheet 989 TFLOPS / 132
@@ -196,9 +199,11 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     (weight rows, activation rows, split) family, then its best overall.
 
     Up to WIDE_STAGE_CANDIDATES of the slots after the first ``limit -
-    WIDE_STAGE_CANDIDATES`` go to 2- and 4-box variants of the two best (the model
-    cannot tell stage widths apart: only timing can), unless ``order`` pins a split
-    above 1 and with it the K boxes.
+    WIDE_STAGE_CANDIDATES - SHARED_LOAD_CANDIDATES`` go to 2- and 4-box variants of
+    the two best (the model cannot tell stage widths apart: only timing can), unless
+    ``order`` pins a split above 1 and with it the K boxes; up to
+    SHARED_LOAD_CANDIDATES to the best with its activation tile multicast to 2 and
+    4 weight tiles, from SHARED_LOAD_ROWS activation rows on.
     """
     pick = default_tactic(n, k, batch, gpu, order=order)
     ranked = sorted(pool_tactics(batch, k, gpu, order=order) - {pick},
@@ -208,13 +213,17 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     family_bests.sort(key=ranked.index)
     chosen = [pick] + family_bests
     chosen += [t for t in ranked if t not in chosen]
-    if order is not None and order[0] > 1:
-        return chosen[:limit]
-    base = chosen[: max(1, limit - WIDE_STAGE_CANDIDATES)]
-    wide = [with_k_boxes(t, boxes) for t in base[:2] for boxes in K_BOXES[1:] if t.k_boxes == 1]
-    wide = [t for t in wide if t.valid and fills_every_rank(t, k) and t not in base]
+    base = chosen[: max(1, limit - WIDE_STAGE_CANDIDATES - SHARED_LOAD_CANDIDATES)]
+    wide = []
+    if order is None or order[0] == 1:
+        wide = [with_k_boxes(t, boxes) for t in base[:2] for boxes in K_BOXES[1:] if t.k_boxes == 1]
+        wide = [t for t in wide if t.valid and fills_every_rank(t, k) and t not in base]
+    shared = []
+    if base[0].activation_rows >= SHARED_LOAD_ROWS:
+        shared = [replace(base[0], multicast=group) for group in MULTICASTS[1:]]
+        shared = [t for t in shared if t.valid]
     rest = [t for t in chosen if t not in base]
-    return (base + wide + rest)[:limit]
+    return (base + wide + shared + rest)[:limit]
 
 
 def resolve_policies(n, k, batches, *, gpu: GpuSpec, weight_dtype, output_dtype, batch_invariant=False,

@@ -1,4 +1,5 @@
-"""A few small projections for compute-sanitizer (memcheck, racecheck): split 1, 2, 4 and 8; 1, 2 and 4 K boxes."""
+"""A few small projections for compute-sanitizer (memcheck, racecheck): split 1, 2, 4 and 8; 1, 2 and 4 K boxes;
+activations multicast to 2 and 4 weight tiles."""
 
 import torch
 
@@ -11,6 +12,8 @@ CASES = [
     (SplitKTactic(64, 16, 8, 3), 136, 520, 16),
     (SplitKTactic(64, 8, 2, 3, 4), 200, 1000, 5),
     (SplitKTactic(128, 64, 4, 3, 2), 136, 1544, 64),
+    (SplitKTactic(64, 64, 2, 3, 1, 2), 300, 1544, 64),
+    (SplitKTactic(128, 32, 1, 4, 1, 4), 520, 1000, 30),
 ]
 
 for tactic, n, k, batch in CASES:

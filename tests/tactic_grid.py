@@ -19,8 +19,15 @@ GRID += [
     if (tactic := SplitKTactic(rows, acts, split, min(3, max_stages(rows, acts, split, boxes)), boxes)).valid
 ]
 
+# Activation tiles shared by TMA multicast across 2 or 4 weight tiles: tile counts that are not a
+# multiple of the group, clusters of up to 8 CTAs with split K, wide stages.
+GRID += [
+    SplitKTactic(64, 64, 1, 3, 1, 2), SplitKTactic(64, 128, 2, 3, 1, 4), SplitKTactic(128, 32, 2, 4, 1, 2),
+    SplitKTactic(64, 32, 4, 4, 2, 2), SplitKTactic(128, 256, 1, 2, 1, 4), SplitKTactic(64, 16, 2, 6, 1, 2),
+]
+
 
 def tactic_id(tactic: SplitKTactic) -> str:
-    """A short test id: w<weight rows>-a<activation rows>-s<split>-st<stages>-kb<k boxes>."""
+    """A short test id: w<weight rows>-a<activation rows>-s<split>-st<stages>-kb<k boxes>-mc<multicast>."""
     return (f"w{tactic.weight_rows}-a{tactic.activation_rows}-s{tactic.split}-st{tactic.stages}"
-            f"-kb{tactic.k_boxes}")
+            f"-kb{tactic.k_boxes}-mc{tactic.multicast}")
