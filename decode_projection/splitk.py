@@ -152,7 +152,7 @@ class SplitKTactic:
 
 
 def as_tactic(tactic) -> SplitKTactic:
-    """A SplitKTactic from a tactic or a (weight rows, activation rows, split, stages[, k boxes]) tuple."""
+    """A SplitKTactic from a tactic or a (weight rows, activation rows, split, stages[, k boxes[, multicast]]) tuple."""
     tactic = tactic if isinstance(tactic, SplitKTactic) else SplitKTactic(*tactic)
     problems = tactic.problems()
     if problems:
@@ -225,8 +225,10 @@ class SplitKGemm:
             ]
 
         self.shared_storage = SharedStorage
-        # Whole multicast groups: the tiles past N read zeros and store nothing.
-        n_tiles = cute.ceil_div(cute.ceil_div(weight.shape[0], t.weight_rows), t.multicast) * t.multicast
+        n_tiles = cute.ceil_div(weight.shape[0], t.weight_rows)
+        if cutlass.const_expr(t.multicast > 1):
+            # Whole multicast groups: the tiles past N read zeros and store nothing.
+            n_tiles = cute.ceil_div(n_tiles, t.multicast) * t.multicast
         m_tiles = cute.ceil_div(activations.shape[0], t.activation_rows)
         self.kernel(
             tiled_mma, act_tma, act_coords, weight_smem, act_smem, weight, out, weight_map
@@ -256,8 +258,9 @@ class SplitKGemm:
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         # A cluster is ``multicast`` neighbouring weight tiles x ``split`` K slices.
         in_cluster = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-        rank = in_cluster % t.split
-        sharer = in_cluster // t.split
+        rank, sharer = in_cluster, 0
+        if cutlass.const_expr(t.multicast > 1):
+            rank, sharer = in_cluster % t.split, in_cluster // t.split
         n_tile = bidx // t.split
 
         # This CTA's contiguous slice of the K tiles; the last ranks may get none.
@@ -269,8 +272,8 @@ class SplitKGemm:
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
         if cutlass.const_expr(t.split > 1):
             if tidx == 0:
-                # Peers signal this barrier remotely; the pipeline's init sync and
-                # the reduction's cluster barrier publish it before any signal.
+                # Peers signal this barrier remotely; the reduction's cluster barrier
+                # publishes it before any signal.
                 cute.arch.mbarrier_init(storage.reduction_barrier.data_ptr(), 1)
                 cute.arch.mbarrier_init_fence()
         tiles = pipeline.PipelineTmaAsync.create(
@@ -281,9 +284,7 @@ class SplitKGemm:
                 pipeline.Agent.Thread, self.consumer_threads if t.multicast > 1 else self.consumer_threads // 32
             ),
             tx_count=t.stage_bytes,
-            # Sharers sit on the M mode (they hold different weight rows) and receive
-            # the same activation tile; split ranks sit on the K mode and share nothing.
-            cta_layout_vmnk=cute.make_layout((1, t.multicast, 1, t.split), stride=(0, t.split, 0, 1)),
+            cta_layout_vmnk=self.sharing_layout(),
             mcast_mode_mn=(0, 1),
             enable_multicast_signaling=t.multicast > 1,
         )
@@ -302,7 +303,9 @@ class SplitKGemm:
                 cute.group_modes(s_act, 0, 2),
                 cute.group_modes(g_act, 0, 2),
             )
-            sharers_mask = cutlass.Int16(sum(1 << (i * t.split) for i in range(t.multicast))) << rank
+            sharers_mask = None
+            if cutlass.const_expr(t.multicast > 1):
+                sharers_mask = cutlass.Int16(sum(1 << (i * t.split) for i in range(t.multicast))) << rank
             descriptor = cute.make_ptr(
                 cutlass.Int8, weight_map, cute.AddressSpace.generic, assumed_align=128
             )
@@ -397,6 +400,19 @@ class SplitKGemm:
             else:
                 self.reduce_across_cluster(acc, coords, rank, sharer, storage, out, row0, col0)
 
+    def sharing_layout(self):
+        """Who fills whose pipeline stages, for the pipeline's release signals.
+
+        Without multicast every CTA fills only its own stages (a CTA-local
+        pipeline, whatever the split). With it, sharers sit on the M mode (they
+        hold different weight rows and receive the same activation tile) and split
+        ranks on the K mode (they share nothing): cluster rank = sharer * split + rank.
+        """
+        t = self.tactic
+        if t.multicast == 1:
+            return cute.make_layout((1, 1, 1, 1))
+        return cute.make_layout((1, t.multicast, 1, t.split), stride=(0, t.split, 0, 1))
+
     @cute.jit
     def load_weight(self, weight_tiles, state, descriptor, tiles, k_tile, weight_row):
         """One weight tile by TMA through the device-resident map, evicted first from L2.
@@ -469,6 +485,7 @@ class SplitKGemm:
         for r in cutlass.range_constexpr(t.partials_per_thread):
             cute.arch.store_async_dsmem(
                 buffer + slot((tidx, r // t.split, rank)), bits[r], arrived, sharer * t.split + r % t.split
+                if cutlass.const_expr(t.multicast > 1) else r % t.split
             )
         cute.arch.mbarrier_wait(arrived, 0)
         sums = cute.make_tensor(buffer, slot)

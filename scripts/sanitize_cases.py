@@ -14,6 +14,9 @@ CASES = [
     (SplitKTactic(128, 64, 4, 3, 2), 136, 1544, 64),
     (SplitKTactic(64, 64, 2, 3, 1, 2), 300, 1544, 64),
     (SplitKTactic(128, 32, 1, 4, 1, 4), 520, 1000, 30),
+    # A split rank with no K tiles (3 tiles over 4 ranks), and wide stages over a group past N.
+    (SplitKTactic(64, 32, 4, 3, 1, 2), 200, 136, 20),
+    (SplitKTactic(64, 64, 1, 3, 2, 4), 328, 1000, 64),
 ]
 
 for tactic, n, k, batch in CASES:
