@@ -20,6 +20,7 @@ from .splitk import (
 )
 
 MIN_K_TILES_PER_CTA = 4  # fewer and the pipeline never fills
+HEURISTIC_SPLITS = (1, 2, 4, 8)  # the no-table rule keeps to the splits it was measured with
 STREAMING_CTA_FRACTION = 0.375  # CTAs per SM that saturate HBM with deep pipelines
 COMPUTE_BOUND_ROWS = 96  # activation tiles from here on want every SM busy
 MIN_STAGES = 3  # one-box stages: shallower pipelines never won a sweep (wide stages may go to 2)
@@ -62,7 +63,7 @@ def activation_rows_for(batch: int) -> int:
 def largest_split(k: int) -> int:
     """The largest split that still gives each CTA a pipeline's worth of K tiles."""
     k_tiles = math.ceil(k / BOX_K)
-    fitting = [s for s in SPLITS if k_tiles >= s * MIN_K_TILES_PER_CTA]
+    fitting = [s for s in HEURISTIC_SPLITS if k_tiles >= s * MIN_K_TILES_PER_CTA]
     return max(fitting, default=1)
 
 
@@ -82,7 +83,7 @@ def default_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, batch_inv
     most = largest_split(k)
     rows = WEIGHT_ROWS[-1] if math.ceil(n / WEIGHT_ROWS[-1]) * most >= target else WEIGHT_ROWS[0]
     tiles = math.ceil(n / rows)
-    split = next((s for s in SPLITS if s <= most and tiles * s >= target), most)
+    split = next((s for s in HEURISTIC_SPLITS if s <= most and tiles * s >= target), most)
     return as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split)))
 
 

@@ -44,7 +44,7 @@ WEIGHT_ROWS = (64, 128)
 # wgmma N. 48, 96 and 192 fit padded decode batches exactly: a 128- or 256-row tile
 # only partly filled (rows past M are TMA zero-fill) measured up to 1.6x slower.
 ACTIVATION_ROWS = (8, 16, 32, 48, 64, 96, 128, 192, 256)
-SPLITS = (1, 2, 4, 8)  # portable cluster sizes
+SPLITS = tuple(range(1, 9))  # portable cluster sizes; 3, 5, 6 and 7 let awkward tile counts fill the SMs
 MULTICASTS = (1, 2, 4)  # CTAs of neighbouring weight tiles that share one activation load
 PORTABLE_CLUSTER = 8
 SMEM_CAPACITY = 227 * 1024  # sm_90 opt-in shared memory per block

@@ -3,13 +3,15 @@
 import itertools
 
 from decode_projection import SplitKTactic
-from decode_projection.splitk import ACTIVATION_ROWS, K_BOXES, SPLITS, WEIGHT_ROWS, max_stages
+from decode_projection.splitk import ACTIVATION_ROWS, K_BOXES, WEIGHT_ROWS, max_stages
 
 # Every tile and split at a short pipeline.
 GRID = [
     SplitKTactic(rows, acts, split, min(4, max_stages(rows, acts, split)))
-    for rows, acts, split in itertools.product(WEIGHT_ROWS, ACTIVATION_ROWS, SPLITS)
+    for rows, acts, split in itertools.product(WEIGHT_ROWS, ACTIVATION_ROWS, (1, 2, 4, 8))
 ]
+# Cluster sizes that are not powers of two (uneven K slices, ranks with no K tiles).
+GRID += [SplitKTactic(64, 8, 3, 6), SplitKTactic(128, 32, 5, 4), SplitKTactic(64, 64, 6, 4), SplitKTactic(128, 128, 7, 3)]
 # The deepest pipelines, where shared memory is nearly full.
 GRID += [SplitKTactic(64, 8, 4, max_stages(64, 8, 4)), SplitKTactic(128, 64, 2, max_stages(128, 64, 2))]
 # Stages of 2 and 4 TMA boxes along K (K tails inside a stage, fewer K tiles than ranks).
