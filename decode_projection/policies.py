@@ -202,8 +202,8 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
 
     Up to WIDE_STAGE_CANDIDATES of the slots after the first ``limit -
     WIDE_STAGE_CANDIDATES`` go to 2- and 4-box variants of the two best (the model
-    cannot tell stage widths apart: only timing can), unless ``order`` pins a split
-    above 1 and with it the K boxes.
+    cannot tell stage widths apart: only timing can), unless ``order`` pins the
+    split and K boxes.
     """
     pick = default_tactic(n, k, batch, gpu, order=order)
     ranked = sorted(pool_tactics(batch, k, gpu, order=order) - {pick},
@@ -212,7 +212,7 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     family_bests.sort(key=ranked.index)
     chosen = [pick] + family_bests
     chosen += [t for t in ranked if t not in chosen]
-    if order is not None and order[0] > 1:
+    if order is not None:
         return chosen[:limit]
     base = chosen[: max(1, limit - WIDE_STAGE_CANDIDATES)]
     wide = [with_k_boxes(t, boxes) for t in base[:2] for boxes in K_BOXES[1:] if t.k_boxes == 1]
