@@ -145,7 +145,8 @@ def predicted_time_us(n: int, k: int, batch: int, tactic: SplitKTactic, gpu: Gpu
     in_flight = resident * tactic.stages * tactic.stage_bytes
     bandwidth = min(gpu.hbm_bytes_per_us, in_flight / latency_us, min(ctas, gpu.sm_count) * SM_BYTES_PER_US)
     weight_us = m_tiles * n * k * 2 / bandwidth
-    act_us = n_tiles * tactic.split * m_tiles * tactic.activation_rows * k * 2 / tactic.split / l2_bytes_per_us
+    # Every CTA reads its K slice of the activation tile: per weight tile, all of K.
+    act_us = n_tiles * m_tiles * tactic.activation_rows * k * 2 / l2_bytes_per_us
     # The busiest SM runs ceil(ctas / SMs) CTAs' MMAs one after another.
     k_tiles_per_cta = math.ceil(math.ceil(k / tactic.tile_k) / tactic.split)
     cta_flops = 2 * tactic.weight_rows * tactic.activation_rows * tactic.tile_k * k_tiles_per_cta
@@ -206,21 +207,20 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     Up to WIDE_STAGE_CANDIDATES of the slots after the first ``limit -
     WIDE_STAGE_CANDIDATES - SHARED_LOAD_CANDIDATES`` go to 2- and 4-box variants of
     the two best (the model cannot tell stage widths apart: only timing can), unless
-    ``order`` pins a split above 1 and with it the K boxes; up to
-    SHARED_LOAD_CANDIDATES to the best with its activation tile multicast to 2 and
-    4 weight tiles, from SHARED_LOAD_ROWS activation rows on.
+    ``order`` pins the split and K boxes; up to SHARED_LOAD_CANDIDATES to the best
+    with its activation tile multicast to 2 and 4 weight tiles, from
+    SHARED_LOAD_ROWS activation rows on (multicast never changes the sums).
     """
     pick = default_tactic(n, k, batch, gpu, order=order)
     ranked = sorted(pool_tactics(batch, k, gpu, order=order) - {pick},
                     key=lambda t: (predicted_time_us(n, k, batch, t, gpu), str(t)))
-    family = lambda t: (t.weight_rows, t.activation_rows, t.split)  # noqa: E731
-    family_bests = list({family(t): t for t in reversed(ranked)}.values())
+    family_bests = list({(t.weight_rows, t.activation_rows, t.split): t for t in reversed(ranked)}.values())
     family_bests.sort(key=ranked.index)
     chosen = [pick] + family_bests
     chosen += [t for t in ranked if t not in chosen]
     base = chosen[: max(1, limit - WIDE_STAGE_CANDIDATES - SHARED_LOAD_CANDIDATES)]
     wide = []
-    if order is None or order[0] == 1:
+    if order is None:
         wide = [with_k_boxes(t, boxes) for t in base[:2] for boxes in K_BOXES[1:] if t.k_boxes == 1]
         wide = [t for t in wide if t.valid and fills_every_rank(t, k) and t not in base]
     shared = []

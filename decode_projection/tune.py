@@ -136,7 +136,7 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
     batches = sorted(batches)
     gpu = gpu_spec(torch.cuda.current_device())
     kinds = dict(weight_dtype=weight_dtype, output_dtype=output_dtype)
-    timed, orders = {}, {}
+    timed, orders, settled = {}, {}, set()  # settled: shapes whose pinned-order candidates are timed
     stamped = dict(gpu=gpu, **kinds)
 
     def best(found):
@@ -144,13 +144,13 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
 
     def write():
         stamp = dict(dsl_version=cutlass.__version__, measured=datetime.date.today().isoformat())
+        entries = [entry(*cell, best(found), batch_invariant=False, **stamped) for cell, found in timed.items()]
         if out_path is not None:
-            write_table(out_path, [entry(*cell, best(found), batch_invariant=False, **stamped)
-                                   for cell, found in timed.items()], **stamp)
+            write_table(out_path, entries, **stamp)
         invariant = [
             entry(n, k, b, best([t for t in found if t.tactic.summation_order == orders[n, k]]),
                   batch_invariant=True, **stamped)
-            for (n, k, b), found in timed.items() if (n, k) in orders
+            for (n, k, b), found in timed.items() if (n, k) in settled
         ]
         if invariant_out_path is not None and invariant:
             write_table(invariant_out_path, invariant, **stamp)
@@ -160,9 +160,9 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
                                for t in found]}
                     for (n, k, b), found in timed.items()]
             Path(timings_path).write_text(json.dumps(rows, indent=0) + "\n")
-        return invariant
+        return entries, invariant
 
-    def run_pass(candidates, description):
+    def run_pass(candidates, description, done=None):
         precompile(candidates.values(), **kinds)
         with tqdm(total=sum(map(len, candidates.values())), desc=description, unit="tactic") as progress:
             for n, k in shapes:
@@ -170,6 +170,8 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
                 for b in batches:
                     timed.setdefault((n, k, b), []).extend(timer.time(b, candidates[n, k, b], progress))
                 del timer
+                if done is not None:
+                    done.add((n, k))
                 write()
 
     run_pass({(n, k, b): candidate_tactics(n, k, b, gpu, limit=limit) for n, k in shapes for b in batches}, "tune")
@@ -180,8 +182,7 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
             (n, k, b): [t for t in candidate_tactics(n, k, b, gpu, limit=invariant_limit, order=orders[n, k])
                         if t not in {done.tactic for done in timed[n, k, b]}]
             for n, k in shapes for b in batches
-        }, "tune batch-invariant")
-    invariant = write()
-    entries = [entry(*cell, best(found), batch_invariant=False, **stamped) for cell, found in timed.items()]
+        }, "tune batch-invariant", done=settled)
+    entries, invariant = write()
     print(f"tuned {len(shapes)} shapes x {len(batches)} batches in {time.perf_counter() - started:.0f} s")
     return entries, invariant

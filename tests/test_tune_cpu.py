@@ -7,6 +7,7 @@ import torch
 
 from decode_projection import tune as tuning
 from decode_projection.policies import H200, predicted_time_us
+from decode_projection.splitk import SplitKTactic
 from decode_projection.tables import load_table
 
 
@@ -59,3 +60,18 @@ def test_without_an_invariant_limit_only_the_free_table_is_written(fake_gpu, tmp
                                      invariant_out_path=tmp_path / "invariant.json")
     assert len(entries) == 2 and invariant == []
     assert (tmp_path / "free.json").exists() and not (tmp_path / "invariant.json").exists()
+
+
+def test_a_shape_is_written_to_the_invariant_table_only_once_its_pinned_order_is_timed(fake_gpu, monkeypatch,
+                                                                                          tmp_path):
+    # Free candidates: split 2 at batch 1, split 4 elsewhere, so batch 16 has no split-2 tactic
+    # until the invariant pass times one; the table is rewritten after every shape meanwhile.
+    def candidates(n, k, batch, gpu, *, limit, order=None):
+        split = order[0] if order else (2 if batch == 1 else 4)
+        return [SplitKTactic(64, 8 if batch == 1 else 16, split, 4)]
+
+    monkeypatch.setattr(tuning, "candidate_tactics", candidates)
+    _, invariant = tuning.tune([(2112, 7168), (7168, 1536)], [1, 16], limit=1, invariant_limit=1,
+                               invariant_out_path=tmp_path / "invariant.json")
+    assert {tuple(e["tactic"])[2] for e in invariant} == {2}
+    assert len(load_table(tmp_path / "invariant.json")) == 2
