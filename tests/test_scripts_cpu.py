@@ -1,0 +1,76 @@
+"""The measurement scripts: speed-bar accounting and merging two tuned tables by benchmark."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def load_script(name):
+    """Import scripts/<name>.py as a module."""
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def cell(n, k, batch, us, cublas_us, policy="tuned"):
+    return {"n": n, "k": k, "batch": batch, "us": us, "cublas_us": cublas_us, "policy": policy}
+
+
+def test_speed_bars_count_each_bar():
+    bars = load_script("speed_bars")
+    fast = cell(2112, 7168, 1, 8.0, 12.6)  # under the 8.9 us floor
+    slow = cell(2112, 7168, 2, 13.0, 12.6)  # misses bars 1 and 2
+    big = cell(20480, 7168, 1, 70.0, 77.0)  # 293.6 MB in 70 us: 4.19 TB/s < 4.2
+    heavy = cell(2112, 7168, 256, 20.0, 17.0)  # more than 5% slower at a compute-bound batch
+    found, geomean, streaming = bars.misses([fast, slow, big, heavy])
+    assert streaming == 3
+    assert [len(found[bar]) for bar in (1, 2, 3, 4)] == [2, 1, 1, 1]
+    assert "2112x7168 M=2" in found[2][0] and "20480x7168 M=1" in found[3][0]
+    assert abs(geomean - (12.6 / 8.0 * 12.6 / 13.0 * 77.0 / 70.0) ** (1 / 3)) < 1e-12
+
+
+def entry(n, batch, tactic, invariant=False):
+    return {"gpu": "NVIDIA H200", "sm_count": 132, "n": n, "k": 7168, "weight_dtype": "bfloat16",
+            "output_dtype": "bfloat16", "batch_invariant": invariant, "batch": batch, "tactic": tactic, "us": 1.0}
+
+
+def write_run(tmp_path, name, entries, times, policy):
+    """A table and its two benchmark files; ``times`` maps (n, batch) to microseconds."""
+    table = tmp_path / f"{name}.json"
+    table.write_text(json.dumps({"format": 1, "entries": entries}))
+    cells = [cell(n, 7168, batch, us, 10.0, policy) for (n, batch), us in times.items()]
+    paths = [table]
+    for context in ("bench", "isolated"):
+        path = tmp_path / f"{name}-{context}.json"
+        path.write_text(json.dumps({"meta": {}, "cells": cells}))
+        paths.append(path)
+    return paths
+
+
+def test_merge_takes_the_faster_tactic_per_cell(tmp_path, capsys, monkeypatch):
+    merge = load_script("merge_tables")
+    a = write_run(tmp_path, "a", [entry(1536, 1, [128, 8, 4, 13, 1]), entry(1536, 2, [128, 8, 4, 13, 1])],
+                  {(1536, 1): 5.0, (1536, 2): 7.0}, "tuned")
+    b = write_run(tmp_path, "b", [entry(1536, 1, [64, 8, 8, 6, 1]), entry(1536, 2, [64, 8, 8, 6, 1])],
+                  {(1536, 1): 6.0, (1536, 2): 6.5}, "tuned")
+    out = tmp_path / "merged.json"
+    monkeypatch.setattr("sys.argv", ["merge_tables", *map(str, a), *map(str, b), "--out", str(out)])
+    merge.main()
+    merged = {e["batch"]: e["tactic"] for e in json.loads(out.read_text())["entries"]}
+    assert merged == {1: [128, 8, 4, 13, 1], 2: [64, 8, 8, 6, 1]}
+    assert "1 from" in capsys.readouterr().out
+
+
+def test_merge_keeps_one_summation_order_per_shape_when_batch_invariant(tmp_path):
+    merge = load_script("merge_tables")
+    tables = [
+        {"entries": [entry(1536, 1, [128, 8, 4, 13, 1], True), entry(1536, 2, [128, 8, 4, 13, 1], True)]},
+        {"entries": [entry(1536, 1, [64, 8, 8, 6, 1], True), entry(1536, 2, [64, 8, 8, 6, 1], True)]},
+    ]
+    # Run b wins batch 1 alone but loses the shape as a whole: all of run a's entries stay.
+    scores = [{(1536, 7168, 1): 5.0, (1536, 7168, 2): 5.0}, {(1536, 7168, 1): 4.0, (1536, 7168, 2): 9.0}]
+    merged = merge.merge(tables, scores, batch_invariant=True)
+    assert {tuple(e["tactic"]) for e in merged} == {(128, 8, 4, 13, 1)}
