@@ -93,12 +93,14 @@ def tune(args):
     if not hopper_available():
         print("Tuning times kernels and needs a Hopper GPU (H100/H200).", file=sys.stderr)
         return 2
+    from .tables import shipped_tables
     from .tune import tune as run_tune
 
     run_tune(args.shape, args.batches, weight_dtype=DTYPES[args.dtype], output_dtype=DTYPES[args.out_dtype],
              limit=args.candidates, out_path=args.out, timings_path=args.timings,
              invariant_limit=args.invariant_candidates if args.batch_invariant_out else None,
-             invariant_out_path=args.batch_invariant_out)
+             invariant_out_path=args.batch_invariant_out,
+             incumbents=None if args.ignore_shipped else shipped_tables())
     return 0
 
 
@@ -135,6 +137,8 @@ def main(argv=None):
     run_tune.add_argument("--invariant-candidates", type=int, default=6,
                           help="tactics with the pinned summation order timed per cell (default: %(default)s)")
     run_tune.add_argument("--timings", help="also write every candidate's time as JSON")
+    run_tune.add_argument("--ignore-shipped", action="store_true",
+                          help="do not time the shipped tables' tactics next to the new candidates")
     args = parser.parse_args(argv)
     args.shape = args.shape or list(KIMI_K3_SHAPES)
     if args.command == "bench":

@@ -17,6 +17,10 @@ fixes each shape's summation order (split and K boxes per stage), the tactics
 with that order are timed at the other batches next to the free candidates, and
 each table keeps its own best; so a row is summed in the same order whatever
 the batch, and the free table may also pick an invariant candidate.
+
+The tactics the current tables hold for a cell (``incumbents``) are timed
+next to the new candidates: candidate lists change with the cost model, and a
+re-tune must not lose a tactic that already won.
 """
 
 import datetime
@@ -38,7 +42,7 @@ from .policies import candidate_tactics, gpu_spec
 from .projection import PreparedProjection, compile_projection
 from .runtime import architecture
 from .splitk import SplitKTactic
-from .tables import dtype_name, write_table
+from .tables import TableKey, dtype_name, table_policies, write_table
 from .timing import cold_copies, foreign_kernel, graph_time_us
 
 
@@ -116,6 +120,15 @@ def precompile(candidate_lists, *, output_dtype, weight_dtype):
         compile_projection(*job)
 
 
+def incumbent_tactics(tables, n, k, batch, gpu, *, weight_dtype, output_dtype) -> list[SplitKTactic]:
+    """The tactics ``tables`` hold for this cell, free table first, then batch-invariant."""
+    found = []
+    for invariant in (False, True):
+        key = TableKey(gpu.name, gpu.sm_count, n, k, dtype_name(weight_dtype), dtype_name(output_dtype), invariant)
+        found += table_policies(key, [batch], tables).values()
+    return list(dict.fromkeys(found))
+
+
 def entry(n, k, batch, best: Timed, *, gpu, batch_invariant, weight_dtype, output_dtype) -> dict:
     """One table entry."""
     return {
@@ -128,10 +141,11 @@ def entry(n, k, batch, best: Timed, *, gpu, batch_invariant, weight_dtype, outpu
 
 
 def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfloat16, limit=8,
-         invariant_limit=None, out_path=None, invariant_out_path=None, timings_path=None):
+         invariant_limit=None, out_path=None, invariant_out_path=None, timings_path=None, incumbents=None):
     """Tune every (shape, batch): ``(entries, invariant entries)``; the invariant table only when
     ``invariant_limit`` is set. Tables and every candidate's times are written as JSON where a path
-    is given, after every shape, so an interrupted run keeps what it measured."""
+    is given, after every shape, so an interrupted run keeps what it measured. ``incumbents``
+    (tables as ``load_table`` returns them) add their tactics for each cell to its candidates."""
     started = time.perf_counter()
     batches = sorted(batches)
     gpu = gpu_spec(torch.cuda.current_device())
@@ -174,7 +188,12 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
                     done.add((n, k))
                 write()
 
-    run_pass({(n, k, b): candidate_tactics(n, k, b, gpu, limit=limit) for n, k in shapes for b in batches}, "tune")
+    def first_candidates(n, k, b):
+        fresh = candidate_tactics(n, k, b, gpu, limit=limit)
+        kept = incumbent_tactics(incumbents, n, k, b, gpu, **kinds) if incumbents else []
+        return fresh + [t for t in kept if t not in fresh]
+
+    run_pass({(n, k, b): first_candidates(n, k, b) for n, k in shapes for b in batches}, "tune")
     if invariant_limit is not None:
         # The smallest batch's winner fixes each shape's summation order for every batch.
         orders.update({(n, k): best(timed[n, k, batches[0]]).tactic.summation_order for n, k in shapes})

@@ -8,7 +8,7 @@ import torch
 from decode_projection import tune as tuning
 from decode_projection.policies import H200, predicted_time_us
 from decode_projection.splitk import SplitKTactic
-from decode_projection.tables import load_table
+from decode_projection.tables import TableKey, load_table
 
 
 class FakeTimer:
@@ -75,3 +75,19 @@ def test_a_shape_is_written_to_the_invariant_table_only_once_its_pinned_order_is
                                invariant_out_path=tmp_path / "invariant.json")
     assert {tuple(e["tactic"])[2] for e in invariant} == {2}
     assert len(load_table(tmp_path / "invariant.json")) == 2
+
+
+def test_the_current_tables_tactics_are_timed_too(fake_gpu, monkeypatch, tmp_path):
+    # The new candidate list misses what the current tables hold; a re-tune must still time it.
+    incumbent = SplitKTactic(128, 8, 1, 6)
+    invariant_incumbent = SplitKTactic(64, 8, 2, 4)
+    monkeypatch.setattr(tuning, "candidate_tactics", lambda *args, **kwargs: [SplitKTactic(64, 8, 8, 3)])
+    tables = {}
+    for invariant, tactic in ((False, incumbent), (True, invariant_incumbent)):
+        key = TableKey(H200.name, H200.sm_count, 1536, 128, "bfloat16", "bfloat16", invariant)
+        tables[key] = {1: tactic}
+    tuning.tune([(1536, 128)], [1, 2], limit=1, timings_path=tmp_path / "timings.json", incumbents=tables)
+    rows = json.loads((tmp_path / "timings.json").read_text())
+    timed = {row["batch"]: {tuple(t[0]) for t in row["timed"]} for row in rows}
+    assert timed[1] == {(64, 8, 8, 3, 1, 1), (128, 8, 1, 6, 1, 1), (64, 8, 2, 4, 1, 1)}
+    assert timed[2] == {(64, 8, 8, 3, 1, 1)}  # no table entry for batch 2
