@@ -6,7 +6,7 @@ CTAs that split-K reductions and re-read activations cost more than they hide.
 Measured on an H200 (docs/performance.md): the deepest pipeline that fits wins,
 and about 0.4 CTAs per SM already saturate HBM when each keeps ~200 KB in
 flight; past that, extra split only adds reduction work. Compute-bound batches
-(activation tiles of 96 or more) want a CTA on every SM instead.
+(activation tiles of 96 or more) want the fullest grid that fits in one wave.
 """
 
 import math
@@ -77,6 +77,8 @@ def default_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, batch_inv
     acts = activation_rows_for(batch)
     if order is not None:
         return pinned_tactic(n, k, batch, order, gpu)
+    if acts >= COMPUTE_BOUND_ROWS and not batch_invariant:
+        return one_wave_tactic(n, k, batch, gpu)
     split_rows = activation_rows_for(1) if batch_invariant else acts
     fraction = 1.0 if split_rows >= COMPUTE_BOUND_ROWS else STREAMING_CTA_FRACTION
     target = math.ceil(fraction * gpu.sm_count)
@@ -84,6 +86,29 @@ def default_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, batch_inv
     rows = WEIGHT_ROWS[-1] if math.ceil(n / WEIGHT_ROWS[-1]) * most >= target else WEIGHT_ROWS[0]
     tiles = math.ceil(n / rows)
     split = next((s for s in HEURISTIC_SPLITS if s <= most and tiles * s >= target), most)
+    return as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split)))
+
+
+def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTactic:
+    """For compute-bound batches: the grid with the most CTAs that still fits in one wave.
+
+    A second, partly filled wave of MMA-heavy CTAs costs nearly a whole one, and
+    split K beyond need adds reductions of large accumulators: in the H200
+    timings the best M >= 96 tactics ran 96-132 CTAs with the smallest split
+    that gets there. Ties go to the larger activation tile (the weight is read
+    once per activation tile), then the smaller split, then the larger weight
+    tile. Among timed tactics this rule lost 8% to the best (geometric mean over
+    59 cells), the fill-the-SMs rule before it 45%.
+    """
+    options = [
+        (math.ceil(n / rows) * split * math.ceil(batch / acts), acts, split, rows)
+        for acts in activation_tile_choices(batch)
+        for rows in WEIGHT_ROWS
+        for split in HEURISTIC_SPLITS
+        if split <= largest_split(k)
+    ]
+    one_wave = [option for option in options if option[0] <= gpu.sm_count] or [min(options)]
+    _, acts, split, rows = max(one_wave, key=lambda o: (o[0], o[1], -o[2], o[3]))
     return as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split)))
 
 

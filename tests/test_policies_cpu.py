@@ -1,34 +1,37 @@
 """CPU tests: the heuristic's picks (pinned), the cost-model candidates, and tuned tables as data."""
 
 import json
+import math
 
 import pytest
 import torch
 
 from decode_projection import policies, tables
 from decode_projection.policies import (
-    H200, candidate_tactics, default_policies, default_tactic, predicted_time_us, resolve_policies, with_k_boxes,
+    COMPUTE_BOUND_ROWS, H200, activation_rows_for, activation_tile_choices, candidate_tactics, default_policies,
+    default_tactic, predicted_time_us, resolve_policies, with_k_boxes,
 )
 from decode_projection.splitk import SplitKTactic
 from decode_projection.workload import DECODE_BATCHES, KIMI_K3_SHAPES
 
-# The heuristic's H200 choices at batches 1, 16, 64 and 256, as (weight rows, activation rows, split, stages).
+# The heuristic's H200 choices at batches 1, 16, 64 and 256, as (weight rows, activation rows, split, stages);
+# at 256 the fullest grid that fits in one wave.
 PINNED = [
-    ((2112, 7168), (128, 8, 4, 13), (128, 16, 4, 12), (128, 64, 4, 9), (128, 256, 8, 4)),
-    ((2304, 1536), (128, 8, 4, 13), (128, 16, 4, 12), (128, 64, 4, 9), (64, 256, 4, 5)),
-    ((7168, 1536), (128, 8, 1, 13), (128, 16, 1, 12), (128, 64, 1, 9), (128, 256, 4, 4)),
-    ((1536, 7168), (128, 8, 8, 13), (128, 16, 8, 12), (128, 64, 8, 9), (64, 256, 8, 5)),
-    ((3072, 7168), (128, 8, 4, 13), (128, 16, 4, 12), (128, 64, 4, 9), (128, 256, 8, 4)),
-    ((7168, 768), (128, 8, 1, 13), (128, 16, 1, 12), (128, 64, 1, 9), (64, 256, 2, 5)),
-    ((6288, 7168), (128, 8, 1, 13), (128, 16, 1, 12), (128, 64, 1, 9), (128, 256, 4, 4)),
-    ((3584, 7168), (128, 8, 2, 13), (128, 16, 2, 12), (128, 64, 2, 9), (128, 256, 8, 4)),
-    ((7168, 3584), (128, 8, 1, 13), (128, 16, 1, 12), (128, 64, 1, 9), (128, 256, 4, 4)),
-    ((8448, 7168), (128, 8, 1, 13), (128, 16, 1, 12), (128, 64, 1, 9), (128, 256, 2, 4)),
-    ((7168, 4224), (128, 8, 1, 13), (128, 16, 1, 12), (128, 64, 1, 9), (128, 256, 4, 4)),
+    ((2112, 7168), (128, 8, 4, 13), (128, 16, 4, 12), (128, 64, 4, 9), (64, 256, 4, 5)),
+    ((2304, 1536), (128, 8, 4, 13), (128, 16, 4, 12), (128, 64, 4, 9), (64, 256, 2, 5)),
+    ((7168, 1536), (128, 8, 1, 13), (128, 16, 1, 12), (128, 64, 1, 9), (64, 256, 1, 5)),
+    ((1536, 7168), (128, 8, 8, 13), (128, 16, 8, 12), (128, 64, 8, 9), (64, 256, 4, 5)),
+    ((3072, 7168), (128, 8, 4, 13), (128, 16, 4, 12), (128, 64, 4, 9), (64, 256, 2, 5)),
+    ((7168, 768), (128, 8, 1, 13), (128, 16, 1, 12), (128, 64, 1, 9), (64, 256, 1, 5)),
+    ((6288, 7168), (128, 8, 1, 13), (128, 16, 1, 12), (128, 64, 1, 9), (128, 256, 2, 4)),
+    ((3584, 7168), (128, 8, 2, 13), (128, 16, 2, 12), (128, 64, 2, 9), (64, 256, 2, 5)),
+    ((7168, 3584), (128, 8, 1, 13), (128, 16, 1, 12), (128, 64, 1, 9), (64, 256, 1, 5)),
+    ((8448, 7168), (128, 8, 1, 13), (128, 16, 1, 12), (128, 64, 1, 9), (64, 256, 1, 5)),
+    ((7168, 4224), (128, 8, 1, 13), (128, 16, 1, 12), (128, 64, 1, 9), (64, 256, 1, 5)),
     ((20480, 7168), (128, 8, 1, 13), (128, 16, 1, 12), (128, 64, 1, 9), (128, 256, 1, 4)),
-    ((7168, 14336), (128, 8, 1, 13), (128, 16, 1, 12), (128, 64, 1, 9), (128, 256, 4, 4)),
-    ((1536, 128), (64, 8, 1, 25), (64, 16, 1, 22), (64, 64, 1, 14), (64, 256, 1, 5)),
-    ((3072, 128), (64, 8, 1, 25), (64, 16, 1, 22), (64, 64, 1, 14), (64, 256, 1, 5)),
+    ((7168, 14336), (128, 8, 1, 13), (128, 16, 1, 12), (128, 64, 1, 9), (64, 256, 1, 5)),
+    ((1536, 128), (64, 8, 1, 25), (64, 16, 1, 22), (64, 64, 1, 14), (64, 64, 1, 14)),
+    ((3072, 128), (64, 8, 1, 25), (64, 16, 1, 22), (64, 64, 1, 14), (64, 128, 1, 9)),
 ]
 
 
@@ -48,7 +51,13 @@ def test_every_pick_is_valid_and_covers_its_batch(shape):
     for batch in DECODE_BATCHES + (5, 200, 300):
         tactic = default_tactic(*shape, batch)
         assert tactic.valid
-        assert tactic.activation_rows >= min(batch, 256)
+        if activation_rows_for(batch) < COMPUTE_BOUND_ROWS:
+            assert tactic.activation_rows >= batch
+        else:  # compute-bound batches may tile the activations to fill one wave
+            assert tactic.activation_rows in activation_tile_choices(batch)
+            ctas = math.ceil(shape[0] / tactic.weight_rows) * tactic.split * math.ceil(batch / tactic.activation_rows)
+            smallest_grid = tactic.weight_rows == 128 and tactic.split == 1  # when no grid fits one wave
+            assert ctas <= H200.sm_count or smallest_grid
 
 
 @pytest.mark.parametrize("shape", list(KIMI_K3_SHAPES))
