@@ -1,4 +1,4 @@
-"""Command line: ``python -m decode_projection bench`` and ``python -m decode_projection tune``."""
+"""Command line: ``python -m decode_projection bench``, ``warm`` and ``tune``."""
 
 import argparse
 import datetime
@@ -88,6 +88,26 @@ def bench(args):
     return 0
 
 
+def warm(args):
+    """Compile every kernel the policies need into the persistent cache, in parallel."""
+    from .bench import policies_for
+    from .disk_cache import cache_dir
+    from .runtime import architecture
+    from .warmup import compile_all
+
+    weight_dtype, output_dtype = DTYPES[args.dtype], DTYPES[args.out_dtype]
+    device = torch.device("cuda", torch.cuda.current_device()) if hopper_available() else None
+    arch = architecture(device) if device is not None else "sm_90a"
+    jobs = [
+        (tactic, output_dtype, arch, weight_dtype)
+        for n, k in args.shape for kind in args.policies.split(",")
+        for tactic in policies_for(kind, n, k, args.batches, device, weight_dtype, output_dtype)[0].values()
+    ]
+    count = compile_all(jobs, workers=args.workers)
+    print(f"{count} kernels for {arch} in {cache_dir() or 'memory only (the disk cache is off)'}")
+    return 0
+
+
 def tune(args):
     """Tune tactics on this GPU and write a table."""
     if not hopper_available():
@@ -128,6 +148,11 @@ def main(argv=None):
     run_bench.add_argument("--markdown", action="store_true", help="also print a compact Markdown summary")
     run_bench.add_argument("--isolated", action="store_true",
                            help="run a small foreign kernel before every launch (no back-to-back overlap)")
+    run_warm = commands.add_parser("warm", help="compile every kernel the policies need into the persistent cache")
+    common(run_warm)
+    run_warm.add_argument("--policies", default="tuned",
+                          help="comma-separated: tuned, heuristic, batch-invariant (default: %(default)s)")
+    run_warm.add_argument("--workers", type=int, help="compiling processes (default: one per CPU)")
     run_tune = commands.add_parser("tune", help="tune tactics on this GPU and write a JSON table")
     common(run_tune)
     run_tune.add_argument("--candidates", type=int, default=8, help="tactics timed per cell (default: %(default)s)")
@@ -141,12 +166,11 @@ def main(argv=None):
                           help="do not time the shipped tables' tactics next to the new candidates")
     args = parser.parse_args(argv)
     args.shape = args.shape or list(KIMI_K3_SHAPES)
-    if args.command == "bench":
+    if args.command in ("bench", "warm"):
         unknown = set(args.policies.split(",")) - {"tuned", "heuristic", "batch-invariant"}
         if unknown:
             parser.error(f"unknown policies {sorted(unknown)}")
-        return bench(args)
-    return tune(args)
+    return {"bench": bench, "warm": warm, "tune": tune}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,9 @@ from .ceiling import stream_read
 from .checks import Reference
 from .policies import gpu_spec, resolve_policies
 from .projection import PreparedProjection
+from .runtime import architecture
 from .timing import cold_copies, foreign_kernel, graph_time_us
+from .warmup import compile_all
 
 POLICY_KINDS = ("tuned", "heuristic", "batch-invariant")
 # No read of HBM beats this (the H200 datasheet says 4.8 TB/s); a faster "ceiling"
@@ -106,7 +108,14 @@ def bench_shape(n, k, batches, kinds, *, weight_dtype, output_dtype, progress, i
 
 
 def run_benchmark(shapes, batches, kinds, *, weight_dtype, output_dtype, isolated=False):
-    """Time every cell; returns the cells."""
+    """Time every cell; returns the cells. Every kernel is compiled first, in parallel."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    arch = architecture(device)
+    compile_all(
+        (tactic, output_dtype, arch, weight_dtype)
+        for n, k in shapes for kind in kinds
+        for tactic in policies_for(kind, n, k, batches, device, weight_dtype, output_dtype)[0].values()
+    )
     cells = []
     with tqdm(total=len(shapes) * len(batches) * len(kinds), desc="bench", unit="cell") as progress:
         for n, k in shapes:

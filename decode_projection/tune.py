@@ -25,10 +25,7 @@ re-tune must not lose a tactic that already won.
 
 import datetime
 import json
-import multiprocessing
-import os
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import astuple, dataclass
 from pathlib import Path
 
@@ -37,13 +34,13 @@ import torch
 from tqdm import tqdm
 
 from .checks import Reference
-from .disk_cache import cache_dir
 from .policies import candidate_tactics, gpu_spec
-from .projection import PreparedProjection, compile_projection
+from .projection import PreparedProjection
 from .runtime import architecture
 from .splitk import SplitKTactic
 from .tables import TableKey, dtype_name, table_policies, write_table
 from .timing import cold_copies, foreign_kernel, graph_time_us
+from .warmup import compile_all
 
 
 @dataclass(frozen=True)
@@ -96,28 +93,10 @@ class ShapeTimer:
         return timed
 
 
-def _compile_one(args):
-    """Worker: compile one kernel into the persistent cache."""
-    compile_projection(*args)
-
-
 def precompile(candidate_lists, *, output_dtype, weight_dtype):
-    """Compile every candidate up front, in parallel worker processes, so timing never waits on the compiler.
-
-    Workers write to the persistent compile cache; the tuning process then loads
-    from it. Without a disk cache the kernels are compiled here, one by one.
-    """
+    """Compile every candidate up front (in parallel, ``warmup.compile_all``), so timing never waits on the compiler."""
     arch = architecture(torch.device("cuda", torch.cuda.current_device()))
-    jobs = sorted({(t, output_dtype, arch, weight_dtype) for tactics in candidate_lists for t in tactics}, key=str)
-    if not jobs:
-        return
-    workers = min(len(jobs), os.cpu_count() or 1)
-    if cache_dir() is not None and workers > 1:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            for _ in tqdm(pool.map(_compile_one, jobs), total=len(jobs), desc=f"compile ({workers} processes)"):
-                pass
-    for job in tqdm(jobs, desc="load", unit="kernel"):
-        compile_projection(*job)
+    compile_all((t, output_dtype, arch, weight_dtype) for tactics in candidate_lists for t in tactics)
 
 
 def incumbent_tactics(tables, n, k, batch, gpu, *, weight_dtype, output_dtype) -> list[SplitKTactic]:

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from decode_projection.__main__ import main
+from decode_projection.projection import compile_projection
 
 
 @pytest.fixture
@@ -37,3 +38,11 @@ def test_bad_arguments_exit_with_usage(argv, no_gpu):
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     assert exit_info.value.code == 2
+
+
+def test_warm_fills_the_persistent_cache(no_gpu, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("DECODE_PROJECTION_CACHE_DIR", str(tmp_path))
+    compile_projection.cache_clear()  # kernels compiled by earlier tests must be written again
+    assert main(["warm", "--shape", "1536x128", "--batches", "1,64", "--policies", "heuristic", "--workers", "1"]) == 0
+    assert "2 kernels for sm_90a in " + str(tmp_path) in capsys.readouterr().out
+    assert len(list(tmp_path.glob("*.o"))) == 2

@@ -8,7 +8,7 @@ import cutlass.cute as cute
 import pytest
 import torch
 
-from decode_projection import disk_cache
+from decode_projection import disk_cache, warmup
 from decode_projection.projection import compile_projection
 from decode_projection.sass import kernel_report
 from decode_projection.splitk import SplitKTactic
@@ -107,3 +107,17 @@ def test_key_includes_dsl_settings(monkeypatch):
     base = disk_cache.cache_key(*INPUTS)
     monkeypatch.setattr(disk_cache, "dsl_settings", lambda: settings.replace("lineinfo=False", "lineinfo=True"))
     assert disk_cache.cache_key(*INPUTS) != base
+
+
+def test_parallel_warmup_hands_every_kernel_over_through_the_cache(cache_dir, monkeypatch):
+    jobs = [(SplitKTactic(64, 16, 1, 4), torch.bfloat16, "sm_90a", torch.bfloat16),
+            (SplitKTactic(128, 16, 2, 4), torch.float32, "sm_90a", torch.bfloat16)]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the warm-up process compiled a kernel itself")
+
+    # Workers are fresh processes: this process only loads what they wrote.
+    monkeypatch.setattr(cute, "compile", refuse)
+    assert warmup.compile_all(jobs + jobs[:1], workers=2, progress=False) == 2
+    assert len(list(cache_dir.glob("*.o"))) == 2
+    assert all(kernel_report(compile_projection(*job)).hgmma > 0 for job in jobs)
