@@ -90,19 +90,19 @@ def matrix_view(tensor, *, output=False):
     return result.mark_layout_dynamic(leading_dim=0 if output else 1)
 
 
-def weight_map(weight, rows):
-    """Device TMA map of ``weight`` [N, K] (row pitch kept): box {64, rows}, SW128."""
+def weight_map(weight, rows, l2_promotion=cuda.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B):
+    """Device TMA map of ``weight`` [N, K] (row pitch kept): box {64, rows}, SW128, 256-byte L2
+    promotion unless another is given (``scripts/profile_cells.py`` compares them)."""
     types = cuda.CUtensorMapDataType
     dtype = {
         torch.bfloat16: types.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
         torch.float16: types.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
     }[weight.dtype]
     swizzle = cuda.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B
-    l2 = cuda.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B
     n, k = weight.shape
     # A single row's pitch is never used, and PyTorch may report any stride there.
     pitch = weight.stride(0) * weight.element_size() if n > 1 else -(-k // 8) * 16
-    spec = (weight.data_ptr(), dtype, (k, n), (pitch,), (BOX_K, rows), swizzle, l2)
+    spec = (weight.data_ptr(), dtype, (k, n), (pitch,), (BOX_K, rows), swizzle, l2_promotion)
     return tensor_maps([spec], weight.device)
 
 

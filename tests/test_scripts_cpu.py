@@ -74,3 +74,17 @@ def test_merge_keeps_one_summation_order_per_shape_when_batch_invariant(tmp_path
     scores = [{(1536, 7168, 1): 5.0, (1536, 7168, 2): 5.0}, {(1536, 7168, 1): 4.0, (1536, 7168, 2): 9.0}]
     merged = merge.merge(tables, scores, batch_invariant=True)
     assert {tuple(e["tactic"]) for e in merged} == {(128, 8, 4, 13, 1)}
+
+
+def test_profile_summary_pairs_launches_with_labels(tmp_path, capsys):
+    profile = load_script("profile_cells")
+    labels = tmp_path / "labels.txt"
+    labels.write_text("8448x7168 M=1 (128,8,2,13,1,1) L2 256B\n8448x7168 read-only kernel\n")
+    header = '"ID","Kernel Name","dram__bytes_read.sum","gpu__time_duration.sum","lts__t_sector_op_read_hit_rate.pct"'
+    ncu = tmp_path / "ncu.csv"
+    ncu.write_text("==PROF== Connected to process 1\n" + header + '\n"","","byte","nsecond","%"\n'
+                   '"0","kernel_a","127,401,984","30,000","1.5"\n"1","kernel_b","121,110,528","27,500","0.2"\n')
+    profile.summarize(ncu, labels)
+    lines = capsys.readouterr().out.splitlines()
+    assert "L2 256B" in lines[1] and " 30.00 " in lines[1] and " 1.052 " in lines[1]
+    assert "read-only" in lines[2] and " 1.000 " in lines[2] and " 4.40 " in lines[2]

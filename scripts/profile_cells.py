@@ -1,0 +1,113 @@
+"""Where the last 8% of bandwidth goes: DRAM bytes and kernel time of a few cells under Nsight Compute.
+
+Back to back the projection streams mid and large weights at 90-93% of the
+read-only kernel's rate (docs/performance.md). Two explanations predict
+different counters: bytes read twice (the weight map's 256-byte L2 promotion
+fetches the neighbouring 128 bytes of a row, which EVICT_FIRST may drop before
+the next stage asks for it) show as DRAM read bytes above the weight's size;
+latency or occupancy limits show as the same bytes over a longer time. Each
+cell runs the shipped tactic with the weight map's L2 promotion at 256 B (as
+shipped), 128 B and none, next to the read-only kernel over the same weight.
+
+Run under ncu, then summarize (scripts/gpu-check PROFILE=1 does both):
+
+    ncu --clock-control none --profile-from-start off --csv --page raw --print-units base \\
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sector_op_read_hit_rate.pct \\
+        python3 scripts/profile_cells.py --labels labels.txt > ncu.csv
+    python3 scripts/profile_cells.py --summarize ncu.csv --labels labels.txt
+"""
+
+import argparse
+import csv
+import io
+
+CELLS = ((8448, 7168, 1), (7168, 14336, 1), (20480, 7168, 1), (3584, 7168, 1), (2112, 7168, 1), (7168, 14336, 64))
+METRICS = ("gpu__time_duration.sum", "dram__bytes_read.sum", "lts__t_sector_op_read_hit_rate.pct")
+
+
+def launch_cells(labels_path):
+    """Run every cell's kernels once inside the profiler range; write one label per launch, in order."""
+    from dataclasses import astuple
+
+    import cuda.bindings.driver as cuda
+    import cutlass
+    import torch
+
+    from decode_projection.ceiling import stream_read
+    from decode_projection.projection import PreparedProjection, weight_map
+
+    promotions = {
+        "L2 256B": cuda.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        "L2 128B": cuda.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        "no promotion": cuda.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_NONE,
+    }
+    labels, launches, alive = [], [], []
+    for n, k, batch in CELLS:
+        weight = torch.randn(n, k, device="cuda").to(torch.bfloat16)
+        x = torch.randn(batch, k, device="cuda").to(torch.bfloat16)
+        out = torch.empty(batch, n, device="cuda", dtype=torch.bfloat16)
+        projection = PreparedProjection.for_weight(weight, batches=(batch,))
+        tactic = projection.policies[batch]
+        for name, promotion in promotions.items():
+            device_map = weight_map(weight, tactic.weight_rows, promotion)
+            alive.append(device_map)
+            extra = (cutlass.Int64(device_map.data_ptr()),)
+
+            def launch(projection=projection, batch=batch, x=x, out=out, extra=extra):
+                projection.extra[batch] = extra  # the kernel's weight-map argument
+                projection.run(x, out)
+
+            launch()  # outside the range: loads the module before anything is profiled
+            launches.append(launch)
+            labels.append(f"{n}x{k} M={batch} {str(astuple(tactic)).replace(' ', '')} {name}")
+        launches.append(lambda weight=weight: stream_read(weight))
+        labels.append(f"{n}x{k} read-only kernel")
+        alive += [weight, x, out, projection]
+    launches[-1]()  # the read-only kernel's module, too
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for launch in launches:
+        launch()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    with open(labels_path, "w") as f:
+        f.write("\n".join(labels) + "\n")
+
+
+def summarize(csv_path, labels_path):
+    """One line per launch: time, DRAM bytes read over the weight's, effective TB/s, L2 read hit rate."""
+    with open(labels_path) as f:
+        labels = f.read().splitlines()
+    with open(csv_path) as f:
+        text = f.read()
+    rows = list(csv.DictReader(io.StringIO(text[text.index('"ID"'):])))
+    rows = [row for row in rows if row.get("ID", "").isdigit()]  # drop the units row
+    if len(rows) != len(labels):
+        raise SystemExit(f"{len(rows)} profiled launches, {len(labels)} labels")
+    print(f"{'launch':<58} {'us':>7} {'DRAM read / weight':>18} {'TB/s':>6} {'L2 hit %':>8}")
+    for label, row in zip(labels, rows):
+        n, k = (int(v) for v in label.split()[0].split("x"))
+        seconds = number(row["gpu__time_duration.sum"]) * 1e-9  # --print-units base: nanoseconds, bytes
+        dram = number(row["dram__bytes_read.sum"])
+        print(f"{label:<58} {seconds * 1e6:7.2f} {dram / (n * k * 2):18.3f} {n * k * 2 / seconds / 1e12:6.2f} "
+              f"{number(row['lts__t_sector_op_read_hit_rate.pct']):8.1f}")
+
+
+def number(text):
+    """A value of ncu's CSV (which may group digits with commas)."""
+    return float(text.replace(",", ""))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--labels", required=True, help="file of launch labels, written when profiling")
+    parser.add_argument("--summarize", help="ncu --csv --page raw output to summarize instead of profiling")
+    args = parser.parse_args()
+    if args.summarize:
+        summarize(args.summarize, args.labels)
+    else:
+        launch_cells(args.labels)
+
+
+if __name__ == "__main__":
+    main()
