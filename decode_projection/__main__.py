@@ -34,6 +34,17 @@ def batch_list(text):
     return batches
 
 
+def positive_int(text):
+    """``"4"`` -> ``4``; zero and negatives are refused."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
+    return value
+
+
 def hopper_available():
     """Whether a compute capability 9.0 GPU is present."""
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -90,21 +101,19 @@ def bench(args):
 
 def warm(args):
     """Compile every kernel the policies need into the persistent cache, in parallel."""
-    from .bench import policies_for
+    from .bench import kernel_jobs
     from .disk_cache import cache_dir
     from .runtime import architecture
     from .warmup import compile_all
 
-    weight_dtype, output_dtype = DTYPES[args.dtype], DTYPES[args.out_dtype]
+    if cache_dir() is None:
+        print("The disk cache is off (DECODE_PROJECTION_DISK_CACHE=0): there is nothing to warm.", file=sys.stderr)
+        return 2
     device = torch.device("cuda", torch.cuda.current_device()) if hopper_available() else None
     arch = architecture(device) if device is not None else "sm_90a"
-    jobs = [
-        (tactic, output_dtype, arch, weight_dtype)
-        for n, k in args.shape for kind in args.policies.split(",")
-        for tactic in policies_for(kind, n, k, args.batches, device, weight_dtype, output_dtype)[0].values()
-    ]
-    count = compile_all(jobs, workers=args.workers)
-    print(f"{count} kernels for {arch} in {cache_dir() or 'memory only (the disk cache is off)'}")
+    jobs = kernel_jobs(args.shape, args.batches, args.policies.split(","), device, arch, DTYPES[args.dtype],
+                       DTYPES[args.out_dtype])
+    print(f"{compile_all(jobs, workers=args.workers)} kernels for {arch} in {cache_dir()}")
     return 0
 
 
@@ -152,7 +161,7 @@ def main(argv=None):
     common(run_warm)
     run_warm.add_argument("--policies", default="tuned",
                           help="comma-separated: tuned, heuristic, batch-invariant (default: %(default)s)")
-    run_warm.add_argument("--workers", type=int, help="compiling processes (default: one per CPU)")
+    run_warm.add_argument("--workers", type=positive_int, help="compiling processes (default: one per CPU, at most 16)")
     run_tune = commands.add_parser("tune", help="tune tactics on this GPU and write a JSON table")
     common(run_tune)
     run_tune.add_argument("--candidates", type=int, default=8, help="tactics timed per cell (default: %(default)s)")

@@ -73,6 +73,15 @@ def policies_for(kind, n, k, batches, device, weight_dtype, output_dtype):
     )
 
 
+def kernel_jobs(shapes, batches, kinds, device, arch, weight_dtype, output_dtype):
+    """Every (tactic, output dtype, arch, weight dtype) the policies of ``kinds`` need for these shapes."""
+    return {
+        (tactic, output_dtype, arch, weight_dtype)
+        for n, k in shapes for kind in kinds
+        for tactic in policies_for(kind, n, k, batches, device, weight_dtype, output_dtype)[0].values()
+    }
+
+
 def bench_shape(n, k, batches, kinds, *, weight_dtype, output_dtype, progress, isolated=False):
     """All cells of one weight shape; ``isolated`` puts a small foreign kernel before every launch."""
     device = torch.device("cuda", torch.cuda.current_device())
@@ -110,12 +119,7 @@ def bench_shape(n, k, batches, kinds, *, weight_dtype, output_dtype, progress, i
 def run_benchmark(shapes, batches, kinds, *, weight_dtype, output_dtype, isolated=False):
     """Time every cell; returns the cells. Every kernel is compiled first, in parallel."""
     device = torch.device("cuda", torch.cuda.current_device())
-    arch = architecture(device)
-    compile_all(
-        (tactic, output_dtype, arch, weight_dtype)
-        for n, k in shapes for kind in kinds
-        for tactic in policies_for(kind, n, k, batches, device, weight_dtype, output_dtype)[0].values()
-    )
+    compile_all(kernel_jobs(shapes, batches, kinds, device, architecture(device), weight_dtype, output_dtype))
     cells = []
     with tqdm(total=len(shapes) * len(batches) * len(kinds), desc="bench", unit="cell") as progress:
         for n, k in shapes:

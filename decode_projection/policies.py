@@ -22,7 +22,7 @@ from .splitk import (
 MIN_K_TILES_PER_CTA = 4  # fewer and the pipeline never fills
 HEURISTIC_SPLITS = (1, 2, 4, 8)  # the no-table rule keeps to the splits it was measured with
 STREAMING_CTA_FRACTION = 0.375  # CTAs per SM that saturate HBM with deep pipelines
-COMPUTE_BOUND_ROWS = 96  # activation tiles from here on want every SM busy
+COMPUTE_BOUND_ROWS = 96  # activation tiles from here on are bound by the tensor cores
 MIN_STAGES = 3  # one-box stages: shallower pipelines never won a sweep (wide stages may go to 2)
 WIDE_STAGE_CANDIDATES = 4  # slots for 2- and 4-box variants of the best one-box tactics
 SHARED_LOAD_CANDIDATES = 2  # slots for the best tactic with its activations multicast to 2 and 4 tiles
@@ -61,7 +61,8 @@ def activation_rows_for(batch: int) -> int:
 
 
 def largest_split(k: int) -> int:
-    """The largest split that still gives each CTA a pipeline's worth of K tiles."""
+    """The largest of HEURISTIC_SPLITS that still gives each CTA a pipeline's worth of K tiles
+    (also the tuner's cap: odd splits in between, not past it)."""
     k_tiles = math.ceil(k / BOX_K)
     fitting = [s for s in HEURISTIC_SPLITS if k_tiles >= s * MIN_K_TILES_PER_CTA]
     return max(fitting, default=1)
@@ -79,9 +80,8 @@ def default_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, batch_inv
         return pinned_tactic(n, k, batch, order, gpu)
     if acts >= COMPUTE_BOUND_ROWS and not batch_invariant:
         return one_wave_tactic(n, k, batch, gpu)
-    split_rows = activation_rows_for(1) if batch_invariant else acts
-    fraction = 1.0 if split_rows >= COMPUTE_BOUND_ROWS else STREAMING_CTA_FRACTION
-    target = math.ceil(fraction * gpu.sm_count)
+    # Streaming batches, and batch-invariant tables at every batch (they keep batch 1's split).
+    target = math.ceil(STREAMING_CTA_FRACTION * gpu.sm_count)
     most = largest_split(k)
     rows = WEIGHT_ROWS[-1] if math.ceil(n / WEIGHT_ROWS[-1]) * most >= target else WEIGHT_ROWS[0]
     tiles = math.ceil(n / rows)
@@ -107,8 +107,11 @@ def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTa
         for split in HEURISTIC_SPLITS
         if split <= largest_split(k)
     ]
-    one_wave = [option for option in options if option[0] <= gpu.sm_count] or [min(options)]
-    _, acts, split, rows = max(one_wave, key=lambda o: (o[0], o[1], -o[2], o[3]))
+    one_wave = [option for option in options if option[0] <= gpu.sm_count]
+    if one_wave:
+        _, acts, split, rows = max(one_wave, key=lambda o: (o[0], o[1], -o[2], o[3] <= n, o[3]))
+    else:  # no grid fits: the fewest CTAs, with the same preferences
+        _, acts, split, rows = min(options, key=lambda o: (o[0], -o[1], o[2], -o[3]))
     return as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split)))
 
 
@@ -218,6 +221,17 @@ def with_k_boxes(tactic: SplitKTactic, k_boxes: int) -> SplitKTactic:
     return replace(tactic, k_boxes=k_boxes, stages=tactic.stages * tactic.k_boxes // k_boxes)
 
 
+def grid_ctas(tactic: SplitKTactic, n: int, batch: int) -> int:
+    """CTAs of ``tactic``'s grid, weight tiles rounded up to whole multicast groups."""
+    tiles = math.ceil(math.ceil(n / tactic.weight_rows) / tactic.multicast) * tactic.multicast
+    return tiles * tactic.split * math.ceil(batch / tactic.activation_rows)
+
+
+def fits_like(tactic: SplitKTactic, base: SplitKTactic, n: int, batch: int, gpu: GpuSpec = H200) -> bool:
+    """False when ``tactic``'s grid needs more waves of one CTA per SM than ``base``'s."""
+    return math.ceil(grid_ctas(tactic, n, batch) / gpu.sm_count) <= math.ceil(grid_ctas(base, n, batch) / gpu.sm_count)
+
+
 def fills_every_rank(tactic: SplitKTactic, k: int) -> bool:
     """Every split rank gets at least two stages of K (the last one included)."""
     tiles = math.ceil(k / tactic.tile_k)
@@ -231,10 +245,11 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
 
     Up to WIDE_STAGE_CANDIDATES of the slots after the first ``limit -
     WIDE_STAGE_CANDIDATES - SHARED_LOAD_CANDIDATES`` go to 2- and 4-box variants of
-    the two best (the model cannot tell stage widths apart: only timing can), unless
-    ``order`` pins the split and K boxes; up to SHARED_LOAD_CANDIDATES to the best
+    the first two (the model cannot tell stage widths apart: only timing can), unless
+    ``order`` pins the split and K boxes; up to SHARED_LOAD_CANDIDATES to the first
     with its activation tile multicast to 2 and 4 weight tiles, from
-    SHARED_LOAD_ROWS activation rows on (multicast never changes the sums).
+    SHARED_LOAD_ROWS activation rows on (multicast never changes the sums), unless
+    rounding the tiles up to whole groups would push a one-wave grid into a second.
     """
     pick = default_tactic(n, k, batch, gpu, order=order)
     # Ties go to the deeper pipeline: they arise where every CTA has an SM to
@@ -245,7 +260,8 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     family_bests.sort(key=ranked.index)
     chosen = [pick] + family_bests
     chosen += [t for t in ranked if t not in chosen]
-    base = chosen[: max(1, limit - WIDE_STAGE_CANDIDATES - SHARED_LOAD_CANDIDATES)]
+    reserved = SHARED_LOAD_CANDIDATES + (WIDE_STAGE_CANDIDATES if order is None else 0)
+    base = chosen[: max(1, limit - reserved)]
     wide = []
     if order is None:
         wide = [with_k_boxes(t, boxes) for t in base[:2] for boxes in K_BOXES[1:] if t.k_boxes == 1]
@@ -253,7 +269,7 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     shared = []
     if base[0].activation_rows >= SHARED_LOAD_ROWS:
         shared = [replace(base[0], multicast=group) for group in MULTICASTS[1:]]
-        shared = [t for t in shared if t.valid]
+        shared = [t for t in shared if t.valid and fits_like(t, base[0], n, batch, gpu)]
     rest = [t for t in chosen if t not in base]
     return (base + wide + shared + rest)[:limit]
 

@@ -91,8 +91,7 @@ def matrix_view(tensor, *, output=False):
 
 
 def weight_map(weight, rows, l2_promotion=cuda.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B):
-    """Device TMA map of ``weight`` [N, K] (row pitch kept): box {64, rows}, SW128, 256-byte L2
-    promotion unless another is given (``scripts/profile_cells.py`` compares them)."""
+    """Device TMA map of ``weight`` [N, K] (row pitch kept): box {64, rows}, SW128, L2 promotion 256 B by default."""
     types = cuda.CUtensorMapDataType
     dtype = {
         torch.bfloat16: types.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,

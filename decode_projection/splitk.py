@@ -44,9 +44,9 @@ WEIGHT_ROWS = (64, 128)
 # wgmma N. 48, 96 and 192 fit padded decode batches exactly: a 128- or 256-row tile
 # only partly filled (rows past M are TMA zero-fill) measured up to 1.6x slower.
 ACTIVATION_ROWS = (8, 16, 32, 48, 64, 96, 128, 192, 256)
-SPLITS = tuple(range(1, 9))  # portable cluster sizes; 3, 5, 6 and 7 let awkward tile counts fill the SMs
+SPLITS = tuple(range(1, 9))  # 3, 5, 6 and 7 too: clusters need not be powers of two
 MULTICASTS = (1, 2, 4)  # CTAs of neighbouring weight tiles that share one activation load
-PORTABLE_CLUSTER = 8
+PORTABLE_CLUSTER = 8  # CTAs a cluster (split x multicast) may hold without the non-portable attribute
 SMEM_CAPACITY = 227 * 1024  # sm_90 opt-in shared memory per block
 BARRIER_BYTES = 1024  # mbarriers, rounded up to the 1024-byte tile alignment
 
@@ -280,6 +280,8 @@ class SplitKGemm:
             barrier_storage=storage.barriers.data_ptr(),
             num_stages=t.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            # Multicast signalling takes the consumer threads and derives one release per
+            # warp and sharer; a CTA-local pipeline counts one release per consumer warp.
             consumer_group=pipeline.CooperativeGroup(
                 pipeline.Agent.Thread, self.consumer_threads if t.multicast > 1 else self.consumer_threads // 32
             ),

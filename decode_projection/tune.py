@@ -20,7 +20,9 @@ the batch, and the free table may also pick an invariant candidate.
 
 The tactics the current tables hold for a cell (``incumbents``) are timed
 next to the new candidates: candidate lists change with the cost model, and a
-re-tune must not lose a tactic that already won.
+re-tune of the free table must not lose a tactic that already won. (The
+batch-invariant table keeps an incumbent only if this run's batch-1 winner
+fixes the same summation order.)
 """
 
 import datetime
@@ -93,12 +95,6 @@ class ShapeTimer:
         return timed
 
 
-def precompile(candidate_lists, *, output_dtype, weight_dtype):
-    """Compile every candidate up front (in parallel, ``warmup.compile_all``), so timing never waits on the compiler."""
-    arch = architecture(torch.device("cuda", torch.cuda.current_device()))
-    compile_all((t, output_dtype, arch, weight_dtype) for tactics in candidate_lists for t in tactics)
-
-
 def incumbent_tactics(tables, n, k, batch, gpu, *, weight_dtype, output_dtype) -> list[SplitKTactic]:
     """The tactics ``tables`` hold for this cell, free table first, then batch-invariant."""
     found = []
@@ -155,8 +151,11 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
             Path(timings_path).write_text(json.dumps(rows, indent=0) + "\n")
         return entries, invariant
 
+    arch = architecture(torch.device("cuda", torch.cuda.current_device()))
+
     def run_pass(candidates, description, done=None):
-        precompile(candidates.values(), **kinds)
+        # Every candidate compiled up front, in parallel, so timing never waits on the compiler.
+        compile_all((t, output_dtype, arch, weight_dtype) for found in candidates.values() for t in found)
         with tqdm(total=sum(map(len, candidates.values())), desc=description, unit="tactic") as progress:
             for n, k in shapes:
                 timer = ShapeTimer(n, k, **kinds)

@@ -1,12 +1,13 @@
 """Compile many kernels at once: worker processes fill the persistent cache in parallel.
 
 A projection needs one kernel per distinct tactic, and compiling one takes
-about a second of one CPU core; the shipped H200 tables hold about a hundred
+about a second of one CPU core; the shipped H200 tables hold 85 distinct
 tactics for the Kimi-K3 shapes, so a first start that compiles them one by one
-(``prepare()`` does) waits about a minute. Compiling them in parallel worker
-processes into the disk cache (``disk_cache.py``) first, then loading, divides
-that by the number of cores. Without a disk cache there is nowhere to hand the
-kernels over, so they are compiled here, one by one.
+(``prepare()`` does) waits about a minute. Compiling them in worker processes
+into the disk cache (``disk_cache.py``) first, then loading, spreads that over
+the cores (each worker also pays its own imports: measured in
+docs/measurements/2026-12-02-warm-cpu.txt). Without a disk cache there is
+nowhere to hand the kernels over, so they are compiled here, one by one.
 """
 
 import multiprocessing
@@ -19,6 +20,9 @@ from .disk_cache import cache_dir
 from .projection import compile_projection
 
 
+MOST_WORKERS = 16  # by default: each worker imports torch and the DSL, and 16 already cover 85 kernels
+
+
 def _compile_one(job):
     """Worker: compile one kernel into the persistent cache."""
     compile_projection(*job)
@@ -28,7 +32,7 @@ def compile_all(jobs, *, workers=None, progress=True) -> int:
     """Compile every ``(tactic, output dtype, arch, weight dtype)`` job, in parallel where a disk
     cache lets workers hand kernels over, and load them into this process; returns the count."""
     jobs = sorted(set(jobs), key=str)
-    workers = min(len(jobs), workers or os.cpu_count() or 1)
+    workers = min(len(jobs), workers or min(os.cpu_count() or 1, MOST_WORKERS))
     if cache_dir() is not None and workers > 1:
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             for _ in tqdm(pool.map(_compile_one, jobs), total=len(jobs), disable=not progress,

@@ -17,33 +17,48 @@ import argparse
 import json
 from collections import defaultdict
 
+from decode_projection.splitk import SplitKTactic
+from decode_projection.tables import load_table
 
-def bench_scores(back_to_back, isolated, policy):
-    """{(n, k, batch): mean microseconds of the two contexts} for ``policy``'s cells."""
+
+def bench_scores(back_to_back, isolated, policy, table):
+    """{(n, k, batch): mean microseconds of the two contexts} for the cells where ``policy``
+    ran ``table``'s own tactic (not a heuristic fallback, not another table's)."""
+    tactics = {(e["n"], e["k"], e["batch"]): SplitKTactic(*e["tactic"]) for e in table["entries"]}
     times = defaultdict(list)
     for path in (back_to_back, isolated):
         with open(path) as f:
             for cell in json.load(f)["cells"]:
-                if cell["policy"] == policy:
-                    times[cell["n"], cell["k"], cell["batch"]].append(cell["us"])
+                key = cell["n"], cell["k"], cell["batch"]
+                ran = SplitKTactic(*cell["tactic"])
+                if cell["policy"] == policy and cell["source"] == "table" and tactics.get(key) == ran:
+                    times[key].append(cell["us"])
     return {key: sum(us) / len(us) for key, us in times.items()}
 
 
 def merge(tables, scores, batch_invariant):
-    """The merged table's entries: per cell (or per shape, batch-invariant) the faster run's."""
+    """``(entries, [how many came from each table])``: per cell (per shape when batch-invariant)
+    the faster table's entry; a cell or shape only one table has comes from that one."""
     entries = [{(e["n"], e["k"], e["batch"]): e for e in table["entries"]} for table in tables]
-    cells = sorted(set(entries[0]) & set(entries[1]))
-    if batch_invariant:
-        shapes = sorted({cell[:2] for cell in cells})
-        merged = []
-        for shape in shapes:
-            mine = [cell for cell in cells if cell[:2] == shape]
-            totals = [sum(score.get(cell, float("inf")) for cell in mine) for score in scores]
-            run = totals.index(min(totals))
-            merged += [entries[run][cell] for cell in mine]
-        return merged
-    faster = {cell: min((0, 1), key=lambda run: scores[run].get(cell, float("inf"))) for cell in cells}
-    return [entries[faster[cell]][cell] for cell in cells]
+    cells = sorted(set(entries[0]) | set(entries[1]))
+    slow = float("inf")
+
+    def faster(group):
+        """The table whose entries for ``group`` exist and sum to less time."""
+        totals = [sum(score.get(cell, slow) for cell in group) if all(c in found for c in group) else slow
+                  for score, found in zip(scores, entries)]
+        if totals[0] == totals[1] == slow:  # unmeasured in both: keep the table that has them all
+            return 0 if all(cell in entries[0] for cell in group) else 1
+        return totals.index(min(totals))
+
+    groups = ([[cell for cell in cells if cell[:2] == shape] for shape in sorted({cell[:2] for cell in cells})]
+              if batch_invariant else [[cell] for cell in cells])
+    merged, counts = [], [0, 0]
+    for group in groups:
+        run = faster(group)
+        merged += [entries[run][cell] for cell in group]
+        counts[run] += len(group)
+    return merged, counts
 
 
 def main():
@@ -58,15 +73,19 @@ def main():
     for run in ("a", "b"):
         with open(getattr(args, f"table_{run}")) as f:
             tables.append(json.load(f))
-    invariant = tables[0]["entries"][0]["batch_invariant"]
+    modes = {entry["batch_invariant"] for table in tables for entry in table["entries"]}
+    if len(modes) != 1:
+        raise SystemExit(f"both tables must hold entries of one mode (batch-invariant or not), found {modes or 'none'}")
+    invariant = modes.pop()
     policy = "batch-invariant" if invariant else "tuned"
-    scores = [bench_scores(getattr(args, f"bench_{run}"), getattr(args, f"isolated_{run}"), policy) for run in ("a", "b")]
-    merged = dict(tables[1], entries=merge(tables, scores, invariant))
+    scores = [bench_scores(getattr(args, f"bench_{run}"), getattr(args, f"isolated_{run}"), policy, table)
+              for run, table in zip(("a", "b"), tables)]
+    entries, counts = merge(tables, scores, invariant)
     with open(args.out, "w") as f:
-        json.dump(merged, f, indent=1)
+        json.dump(dict(tables[1], entries=entries), f, indent=1)
         f.write("\n")
-    picked_b = sum(e in tables[1]["entries"] for e in merged["entries"])
-    print(f"{len(merged['entries'])} entries: {len(merged['entries']) - picked_b} from {args.table_a}, {picked_b} from {args.table_b}")
+    load_table(args.out)  # the merged table must load: valid tactics, one summation order per invariant shape
+    print(f"{len(entries)} entries: {counts[0]} from {args.table_a}, {counts[1]} from {args.table_b}")
 
 
 if __name__ == "__main__":

@@ -37,11 +37,13 @@ def entry(n, batch, tactic, invariant=False):
             "output_dtype": "bfloat16", "batch_invariant": invariant, "batch": batch, "tactic": tactic, "us": 1.0}
 
 
-def write_run(tmp_path, name, entries, times, policy):
+def write_run(tmp_path, name, entries, times, policy, source="table"):
     """A table and its two benchmark files; ``times`` maps (n, batch) to microseconds."""
     table = tmp_path / f"{name}.json"
     table.write_text(json.dumps({"format": 1, "entries": entries}))
-    cells = [cell(n, 7168, batch, us, 10.0, policy) for (n, batch), us in times.items()]
+    ran = {(e["n"], e["batch"]): e["tactic"] for e in entries}
+    cells = [dict(cell(n, 7168, batch, us, 10.0, policy), source=source, tactic=ran[n, batch] + [1] * (6 - len(ran[n, batch])))
+             for (n, batch), us in times.items()]
     paths = [table]
     for context in ("bench", "isolated"):
         path = tmp_path / f"{name}-{context}.json"
@@ -50,21 +52,34 @@ def write_run(tmp_path, name, entries, times, policy):
     return paths
 
 
+def run_merge(merge, monkeypatch, a, b, out):
+    monkeypatch.setattr("sys.argv", ["merge_tables", *map(str, a), *map(str, b), "--out", str(out)])
+    merge.main()
+    return {(e["n"], e["batch"]): e["tactic"] for e in json.loads(out.read_text())["entries"]}
+
+
 def test_merge_takes_the_faster_tactic_per_cell(tmp_path, capsys, monkeypatch):
     merge = load_script("merge_tables")
     a = write_run(tmp_path, "a", [entry(1536, 1, [128, 8, 4, 13, 1]), entry(1536, 2, [128, 8, 4, 13, 1])],
                   {(1536, 1): 5.0, (1536, 2): 7.0}, "tuned")
-    b = write_run(tmp_path, "b", [entry(1536, 1, [64, 8, 8, 6, 1]), entry(1536, 2, [64, 8, 8, 6, 1])],
-                  {(1536, 1): 6.0, (1536, 2): 6.5}, "tuned")
-    out = tmp_path / "merged.json"
-    monkeypatch.setattr("sys.argv", ["merge_tables", *map(str, a), *map(str, b), "--out", str(out)])
-    merge.main()
-    merged = {e["batch"]: e["tactic"] for e in json.loads(out.read_text())["entries"]}
-    assert merged == {1: [128, 8, 4, 13, 1], 2: [64, 8, 8, 6, 1]}
+    b = write_run(tmp_path, "b", [entry(1536, 1, [64, 8, 8, 6, 1]), entry(1536, 2, [64, 8, 8, 6, 1]),
+                                  entry(1536, 4, [64, 8, 8, 6, 1])],
+                  {(1536, 1): 6.0, (1536, 2): 6.5, (1536, 4): 6.5}, "tuned")
+    merged = run_merge(merge, monkeypatch, a, b, tmp_path / "merged.json")
+    # Batch 4 only table b has: it is kept, not dropped.
+    assert merged == {(1536, 1): [128, 8, 4, 13, 1], (1536, 2): [64, 8, 8, 6, 1], (1536, 4): [64, 8, 8, 6, 1]}
     assert "1 from" in capsys.readouterr().out
 
 
-def test_merge_keeps_one_summation_order_per_shape_when_batch_invariant(tmp_path):
+def test_merge_ignores_times_of_tactics_the_table_does_not_hold(tmp_path, monkeypatch):
+    merge = load_script("merge_tables")
+    # Table a's benchmark fell back to the heuristic: its fast time says nothing about table a's tactic.
+    a = write_run(tmp_path, "a", [entry(1536, 1, [128, 8, 4, 13, 1])], {(1536, 1): 1.0}, "tuned", source="heuristic")
+    b = write_run(tmp_path, "b", [entry(1536, 1, [64, 8, 8, 6, 1])], {(1536, 1): 6.0}, "tuned")
+    assert run_merge(merge, monkeypatch, a, b, tmp_path / "merged.json") == {(1536, 1): [64, 8, 8, 6, 1]}
+
+
+def test_merge_keeps_one_summation_order_per_shape_when_batch_invariant():
     merge = load_script("merge_tables")
     tables = [
         {"entries": [entry(1536, 1, [128, 8, 4, 13, 1], True), entry(1536, 2, [128, 8, 4, 13, 1], True)]},
@@ -72,8 +87,8 @@ def test_merge_keeps_one_summation_order_per_shape_when_batch_invariant(tmp_path
     ]
     # Run b wins batch 1 alone but loses the shape as a whole: all of run a's entries stay.
     scores = [{(1536, 7168, 1): 5.0, (1536, 7168, 2): 5.0}, {(1536, 7168, 1): 4.0, (1536, 7168, 2): 9.0}]
-    merged = merge.merge(tables, scores, batch_invariant=True)
-    assert {tuple(e["tactic"]) for e in merged} == {(128, 8, 4, 13, 1)}
+    merged, counts = merge.merge(tables, scores, batch_invariant=True)
+    assert {tuple(e["tactic"]) for e in merged} == {(128, 8, 4, 13, 1)} and counts == [2, 0]
 
 
 def test_profile_summary_pairs_launches_with_labels(tmp_path, capsys):

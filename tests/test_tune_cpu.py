@@ -30,7 +30,8 @@ class FakeTimer:
 def fake_gpu(monkeypatch):
     """The tuner with FakeTimer, no compiling, and an H200 as the current device."""
     monkeypatch.setattr(tuning, "ShapeTimer", FakeTimer)
-    monkeypatch.setattr(tuning, "precompile", lambda *args, **kwargs: None)
+    monkeypatch.setattr(tuning, "compile_all", lambda jobs: list(jobs))
+    monkeypatch.setattr(tuning, "architecture", lambda device: "sm_90a")
     monkeypatch.setattr(tuning, "gpu_spec", lambda device=None: H200)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
 
