@@ -53,9 +53,11 @@ def hopper_available():
 def render(cells, meta, args):
     """Print the tables and write the requested CSV, JSON and plot."""
     from .bench import format_markdown, format_tables, plot, write_csv, write_json
+    from .clocks import describe
 
     print(f"{meta['gpu']} ({meta['sm_count']} SMs), torch {meta['torch']}, CUDA {meta['cuda']}, "
           f"CuTe DSL {meta['cutlass_dsl']}, {meta['date']}; {meta['method']}")
+    print(describe(meta.get("clocks")))
     print(format_tables(cells))
     if args.markdown:
         print("\n" + format_markdown(cells, policy=cells[0].policy))
@@ -85,8 +87,11 @@ def bench(args):
         return 0
     import cutlass
 
-    cells = run_benchmark(args.shape, args.batches, kinds, weight_dtype=weight_dtype, output_dtype=output_dtype,
-                          isolated=args.isolated)
+    from .clocks import ClockLog
+
+    with ClockLog(torch.cuda.current_device()) as clocks:
+        cells = run_benchmark(args.shape, args.batches, kinds, weight_dtype=weight_dtype, output_dtype=output_dtype,
+                              isolated=args.isolated)
     props = torch.cuda.get_device_properties(0)
     meta = {
         "gpu": props.name, "sm_count": props.multi_processor_count, "torch": torch.__version__,
@@ -94,6 +99,7 @@ def bench(args):
         "date": datetime.date.today().isoformat(),
         "method": "cold L2 (weight copies > 3x L2), CUDA-graph replay, median"
         + (", a small foreign kernel before every launch (subtracted)" if args.isolated else ", back to back"),
+        "clocks": clocks.summary(),
     }
     render(cells, meta, args)
     return 0
