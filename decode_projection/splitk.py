@@ -437,23 +437,14 @@ class SplitKGemm:
     @cute.jit
     def load_activations(self, act_tma, t_act_global, t_act_smem, state, tiles, k_tile, sharers_mask):
         """This CTA's share of one activation tile by TMA, to every sharer, kept in L2 for the other CTAs."""
-        if cutlass.const_expr(self.tactic.multicast > 1):
-            cute.copy(
-                act_tma,
-                t_act_global[(None, k_tile)],
-                t_act_smem[(None, state.index)],
-                tma_bar_ptr=tiles.producer_get_barrier(state),
-                mcast_mask=sharers_mask,
-                cache_policy=cutlass.Int64(EVICT_LAST),
-            )
-        else:
-            cute.copy(
-                act_tma,
-                t_act_global[(None, k_tile)],
-                t_act_smem[(None, state.index)],
-                tma_bar_ptr=tiles.producer_get_barrier(state),
-                cache_policy=cutlass.Int64(EVICT_LAST),
-            )
+        cute.copy(
+            act_tma,
+            t_act_global[(None, k_tile)],
+            t_act_smem[(None, state.index)],
+            tma_bar_ptr=tiles.producer_get_barrier(state),
+            mcast_mask=sharers_mask,  # None without multicast
+            cache_policy=cutlass.Int64(EVICT_LAST),
+        )
 
     @cute.jit
     def reduce_across_cluster(self, acc, coords, rank, sharer, storage, out, row0, col0):
