@@ -8,19 +8,14 @@ disassembled: registers, shared memory, cluster size, and the counts of wgmma
 import time
 from dataclasses import astuple
 
-from .bench import policies_for
+from .bench import kernel_jobs
 from .projection import compile_projection
 from .sass import kernel_report
 
 
 def compile_report(shapes, batches, kinds, *, weight_dtype, output_dtype, arch="sm_90a") -> str:
     """Compile every tactic the policies need and describe each one."""
-    tactics = {}
-    for n, k in shapes:
-        for kind in kinds:
-            policies, _ = policies_for(kind, n, k, batches, None, weight_dtype, output_dtype)
-            for tactic in policies.values():
-                tactics.setdefault(tactic, []).append(f"{n}x{k}")
+    tactics = {job[0] for job in kernel_jobs(shapes, batches, kinds, None, arch, weight_dtype, output_dtype)}
     lines = [f"{'tactic (rows,acts,split,stages,boxes,multicast)':>44} {'regs':>4} {'smem KB':>7} {'cluster':>7} "
              f"{'HGMMA':>5} {'UTMALDG':>7} {'spills':>6} {'compile s':>9}"]
     for tactic in sorted(tactics, key=astuple):

@@ -101,7 +101,7 @@ def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTa
     59 cells), the fill-the-SMs rule before it 45%.
     """
     options = [
-        (math.ceil(n / rows) * split * math.ceil(batch / acts), acts, split, rows)
+        (grid_ctas(SplitKTactic(rows, acts, split, 2), n, batch), acts, split, rows)
         for acts in activation_tile_choices(batch)
         for rows in WEIGHT_ROWS
         for split in HEURISTIC_SPLITS
@@ -167,7 +167,7 @@ def predicted_time_us(n: int, k: int, batch: int, tactic: SplitKTactic, gpu: Gpu
     latency_us, l2_bytes_per_us, launch_us, wave_us, reduce_us = 1.3, 18e6, 2.0, 2.2, 1.9
     n_tiles = math.ceil(n / tactic.weight_rows)
     m_tiles = math.ceil(batch / tactic.activation_rows)
-    ctas = n_tiles * tactic.split * m_tiles
+    ctas = grid_ctas(tactic, n, batch)
     per_sm = ctas_per_sm(tactic, gpu)
     resident = min(ctas, gpu.sm_count * per_sm)
     in_flight = resident * tactic.stages * tactic.stage_bytes
