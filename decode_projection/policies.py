@@ -21,6 +21,7 @@ from .splitk import (
 
 MIN_K_TILES_PER_CTA = 4  # fewer and the pipeline never fills
 HEURISTIC_SPLITS = (1, 2, 4, 8)  # the no-table rule keeps to the splits it was measured with
+HEURISTIC_WEIGHT_ROWS = (64, 128)  # and to the weight tiles it was measured with (192 is the tuner's to try)
 STREAMING_CTA_FRACTION = 0.375  # CTAs per SM that saturate HBM with deep pipelines
 COMPUTE_BOUND_ROWS = 96  # activation tiles from here on are bound by the tensor cores
 MIN_STAGES = 3  # one-box stages: shallower pipelines never won a sweep (wide stages may go to 2)
@@ -83,7 +84,8 @@ def default_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, batch_inv
     # Streaming batches, and batch-invariant tables at every batch (they keep batch 1's split).
     target = math.ceil(STREAMING_CTA_FRACTION * gpu.sm_count)
     most = largest_split(k)
-    rows = WEIGHT_ROWS[-1] if math.ceil(n / WEIGHT_ROWS[-1]) * most >= target else WEIGHT_ROWS[0]
+    rows = HEURISTIC_WEIGHT_ROWS[-1] if math.ceil(n / HEURISTIC_WEIGHT_ROWS[-1]) * most >= target \
+        else HEURISTIC_WEIGHT_ROWS[0]
     tiles = math.ceil(n / rows)
     split = next((s for s in HEURISTIC_SPLITS if s <= most and tiles * s >= target), most)
     return as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split)))
@@ -103,7 +105,7 @@ def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTa
     options = [
         (grid_ctas(SplitKTactic(rows, acts, split, 2), n, batch), acts, split, rows)
         for acts in activation_tile_choices(batch)
-        for rows in WEIGHT_ROWS
+        for rows in HEURISTIC_WEIGHT_ROWS
         for split in HEURISTIC_SPLITS
         if split <= largest_split(k)
     ]
@@ -204,7 +206,8 @@ def pool_tactics(batch, k, gpu: GpuSpec = H200, *, order=None):
     k_boxes = order[1] if order is not None else 1
     pool = set()
     for acts in activation_tile_choices(batch):
-        for rows in WEIGHT_ROWS:
+        # Three warpgroups only pay where the tensor cores bound the time.
+        for rows in [r for r in WEIGHT_ROWS if r in HEURISTIC_WEIGHT_ROWS or acts >= COMPUTE_BOUND_ROWS]:
             for s in splits:
                 for resident in range(1, MOST_CTAS_PER_SM + 1):
                     probe = SplitKTactic(rows, acts, s, 1, k_boxes)

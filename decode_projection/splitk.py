@@ -40,7 +40,10 @@ EVICT_LAST = 0x14F0000000000000
 BOX_K = 64  # K of one TMA box: 64 16-bit elements = one 128-byte swizzle row
 K_BOXES = (1, 2, 4)  # boxes per stage along K: 128, 256 or 512 contiguous bytes of each weight row
 WGMMA_ROWS = 64  # weight rows per consumer warpgroup (wgmma M)
-WEIGHT_ROWS = (64, 128)
+WEIGHT_ROWS = (64, 128, 192)  # one to three consumer warpgroups
+# Accumulator registers bound the activation tile a tile of this many weight rows can hold:
+# three warpgroups (416 threads) leave too few registers for 256 columns.
+MOST_ACTIVATION_ROWS = {64: 256, 128: 256, 192: 192}
 # wgmma N. 48, 96 and 192 fit padded decode batches exactly: a 128- or 256-row tile
 # only partly filled (rows past M are TMA zero-fill) measured up to 1.6x slower.
 ACTIVATION_ROWS = (8, 16, 32, 48, 64, 96, 128, 192, 256)
@@ -120,6 +123,9 @@ class SplitKTactic:
         found = []
         if self.weight_rows not in WEIGHT_ROWS:
             found.append(f"weight rows {self.weight_rows} not in {WEIGHT_ROWS}")
+        elif self.activation_rows > MOST_ACTIVATION_ROWS[self.weight_rows]:
+            found.append(f"{self.weight_rows} weight rows hold at most {MOST_ACTIVATION_ROWS[self.weight_rows]} "
+                         f"activation rows in registers, not {self.activation_rows}")
         if self.activation_rows not in ACTIVATION_ROWS:
             found.append(f"activation rows {self.activation_rows} not in {ACTIVATION_ROWS}")
         if self.split not in SPLITS:

@@ -1,5 +1,5 @@
 """A few small projections for compute-sanitizer (memcheck, racecheck): split 1, 2, 4 and 8; 1, 2 and 4 K boxes;
-activations multicast to 2 and 4 weight tiles."""
+activations multicast to 2 and 4 weight tiles; 64, 128 and 192 weight rows."""
 
 import torch
 
@@ -17,6 +17,9 @@ CASES = [
     # A split rank with no K tiles (3 tiles over 4 ranks), and wide stages over a group past N.
     (SplitKTactic(64, 32, 4, 3, 1, 2), 200, 136, 20),
     (SplitKTactic(64, 64, 1, 3, 2, 4), 328, 1000, 64),
+    # Three consumer warpgroups: split-K reduction over 384 threads, and multicast.
+    (SplitKTactic(192, 64, 2, 3), 400, 1544, 50),
+    (SplitKTactic(192, 32, 1, 4, 1, 2), 500, 1000, 32),
 ]
 
 for tactic, n, k, batch in CASES:

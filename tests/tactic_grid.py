@@ -3,12 +3,19 @@
 import itertools
 
 from decode_projection import SplitKTactic
-from decode_projection.splitk import ACTIVATION_ROWS, K_BOXES, WEIGHT_ROWS, max_stages
+from decode_projection.splitk import ACTIVATION_ROWS, K_BOXES, max_stages
 
 # Every tile and split at a short pipeline.
 GRID = [
     SplitKTactic(rows, acts, split, min(4, max_stages(rows, acts, split)))
-    for rows, acts, split in itertools.product(WEIGHT_ROWS, ACTIVATION_ROWS, (1, 2, 4, 8))
+    for rows, acts, split in itertools.product((64, 128), ACTIVATION_ROWS, (1, 2, 4, 8))
+]
+# Three consumer warpgroups (192 weight rows): splits, a deep pipeline, the widest activation tile
+# they hold, multicast and wide stages.
+GRID += [
+    SplitKTactic(192, 8, 1, 4), SplitKTactic(192, 64, 2, 4), SplitKTactic(192, 96, 1, 4),
+    SplitKTactic(192, 128, 4, 4), SplitKTactic(192, 192, 1, 3), SplitKTactic(192, 48, 8, 3),
+    SplitKTactic(192, 16, 1, max_stages(192, 16, 1)), SplitKTactic(192, 32, 1, 4, 1, 2), SplitKTactic(192, 16, 3, 4, 2),
 ]
 # Cluster sizes that are not powers of two (uneven K slices, ranks with no K tiles).
 GRID += [SplitKTactic(64, 8, 3, 6), SplitKTactic(128, 32, 5, 4), SplitKTactic(64, 64, 6, 4), SplitKTactic(128, 128, 7, 3)]
@@ -17,7 +24,7 @@ GRID += [SplitKTactic(64, 8, 4, max_stages(64, 8, 4)), SplitKTactic(128, 64, 2, 
 # Stages of 2 and 4 TMA boxes along K (K tails inside a stage, fewer K tiles than ranks).
 GRID += [
     tactic
-    for rows, acts, split, boxes in itertools.product(WEIGHT_ROWS, (8, 64, 128), (1, 4), K_BOXES[1:])
+    for rows, acts, split, boxes in itertools.product((64, 128), (8, 64, 128), (1, 4), K_BOXES[1:])
     if (tactic := SplitKTactic(rows, acts, split, min(3, max_stages(rows, acts, split, boxes)), boxes)).valid
 ]
 
