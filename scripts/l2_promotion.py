@@ -1,7 +1,7 @@
 """Does the weight map's L2 promotion cost bandwidth? Time shipped tactics with 256 B, 128 B and none.
 
 Under Nsight Compute (scripts/profile_cells.py) every cell read exactly the
-weight's bytes from DRAM with each promotion, yet 256 B (as shipped) was up to
+weight's bytes from DRAM with each promotion, yet 256 B (shipped until then) was up to
 6% slower than 128 B on 7168x14336 M=1. ncu times one launch with its caches
 flushed; this script times the way `bench` does (cold L2, CUDA-graph replay,
 back to back, median) and interleaves the three promotions over several rounds,
