@@ -92,7 +92,7 @@ def matrix_view(tensor, *, output=False):
 
 def weight_map(weight, rows, l2_promotion=cuda.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B):
     """Device TMA map of ``weight`` [N, K] (row pitch kept): box {64, rows}, SW128, L2 promotion 128 B by default."""
-    # 128 B, not 256 B: each box row is exactly 128 B, and the wider promotion streamed 2-7% slower
+    # 128 B, not 256 B: each box row is exactly 128 B, and the wider promotion streamed 2-8% slower
     # on the H200 with the same DRAM bytes (docs/measurements/2026-12-02-l2-promotion-h200.txt).
     types = cuda.CUtensorMapDataType
     dtype = {
