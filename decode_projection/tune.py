@@ -18,9 +18,8 @@ with that order are timed at the other batches next to the free candidates, and
 each table keeps its own best; so a row is summed in the same order whatever
 the batch, and the free table may also pick an invariant candidate.
 
-The tactics the current tables hold for a cell, and for the next larger
-batch, whose activation tile covers this one (``incumbents``), are timed next
-to the new candidates: candidate lists change with the cost model, and a
+The tactics the current tables hold for a cell (``incumbents``) are timed
+next to the new candidates: candidate lists change with the cost model, and a
 re-tune of the free table must not lose a tactic that already won. (The
 batch-invariant table keeps an incumbent only if this run's batch-1 winner
 fixes the same summation order.)
@@ -96,12 +95,12 @@ class ShapeTimer:
         return timed
 
 
-def incumbent_tactics(tables, n, k, batches, gpu, *, weight_dtype, output_dtype) -> list[SplitKTactic]:
-    """The tactics ``tables`` hold for these batches of one shape, free table first, then batch-invariant."""
+def incumbent_tactics(tables, n, k, batch, gpu, *, weight_dtype, output_dtype) -> list[SplitKTactic]:
+    """The tactics ``tables`` hold for this cell, free table first, then batch-invariant."""
     found = []
     for invariant in (False, True):
         key = TableKey(gpu.name, gpu.sm_count, n, k, dtype_name(weight_dtype), dtype_name(output_dtype), invariant)
-        found += table_policies(key, batches, tables).values()
+        found += table_policies(key, [batch], tables).values()
     return list(dict.fromkeys(found))
 
 
@@ -169,10 +168,7 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
 
     def first_candidates(n, k, b):
         fresh = candidate_tactics(n, k, b, gpu, limit=limit)
-        # The next larger batch's winner covers this batch too (its activation tile is at least as
-        # large); v10 found M=48 cells slower than M=64 ones on the same shape without it.
-        neighbours = [b] + [larger for larger in batches if larger > b][:1]
-        kept = incumbent_tactics(incumbents, n, k, neighbours, gpu, **kinds) if incumbents else []
+        kept = incumbent_tactics(incumbents, n, k, b, gpu, **kinds) if incumbents else []
         return fresh + [t for t in kept if t not in fresh]
 
     run_pass({(n, k, b): first_candidates(n, k, b) for n, k in shapes for b in batches}, "tune")

@@ -92,15 +92,3 @@ def test_the_current_tables_tactics_are_timed_too(fake_gpu, monkeypatch, tmp_pat
     timed = {row["batch"]: {tuple(t[0]) for t in row["timed"]} for row in rows}
     assert timed[1] == {(64, 8, 8, 3, 1, 1), (128, 8, 1, 6, 1, 1), (64, 8, 2, 4, 1, 1)}
     assert timed[2] == {(64, 8, 8, 3, 1, 1)}  # no table entry for batch 2
-
-
-def test_the_next_larger_batchs_tactic_is_timed_too(fake_gpu, monkeypatch, tmp_path):
-    # A larger batch's winner covers the smaller batch; the smaller one's does not cover the larger.
-    monkeypatch.setattr(tuning, "candidate_tactics", lambda *args, **kwargs: [SplitKTactic(64, 32, 8, 3)])
-    key = TableKey(H200.name, H200.sm_count, 1536, 128, "bfloat16", "bfloat16", False)
-    tables = {key: {24: SplitKTactic(128, 32, 1, 6), 32: SplitKTactic(64, 32, 2, 4), 64: SplitKTactic(64, 64, 1, 4)}}
-    tuning.tune([(1536, 128)], [24, 32], limit=1, timings_path=tmp_path / "timings.json", incumbents=tables)
-    rows = json.loads((tmp_path / "timings.json").read_text())
-    timed = {row["batch"]: {tuple(t[0]) for t in row["timed"]} for row in rows}
-    assert timed[24] == {(64, 32, 8, 3, 1, 1), (128, 32, 1, 6, 1, 1), (64, 32, 2, 4, 1, 1)}
-    assert timed[32] == {(64, 32, 8, 3, 1, 1), (64, 32, 2, 4, 1, 1)}  # 64 is not among the tuned batches
