@@ -36,6 +36,7 @@ import torch
 from tqdm import tqdm
 
 from .checks import Reference
+from .clocks import ClockLog
 from .policies import candidate_tactics, gpu_spec
 from .projection import PreparedProjection
 from .runtime import architecture
@@ -118,7 +119,7 @@ def entry(n, k, batch, best: Timed, *, gpu, batch_invariant, weight_dtype, outpu
 def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfloat16, limit=8,
          invariant_limit=None, out_path=None, invariant_out_path=None, timings_path=None, incumbents=None):
     """Tune every (shape, batch): ``(entries, invariant entries)``; the invariant table only when
-    ``invariant_limit`` is set. Tables and every candidate's times are written as JSON where a path
+    ``invariant_limit`` is set. Tables and every candidate's times (with the GPU's clocks while each shape was timed) are written as JSON where a path
     is given, after every shape, so an interrupted run keeps what it measured. ``incumbents``
     (tables as ``load_table`` returns them) add their tactics for each cell to its candidates."""
     started = time.perf_counter()
@@ -126,6 +127,7 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
     gpu = gpu_spec(torch.cuda.current_device())
     kinds = dict(weight_dtype=weight_dtype, output_dtype=output_dtype)
     timed, orders, settled = {}, {}, set()  # settled: shapes whose pinned-order candidates are timed
+    clocks = {}  # (n, k): what the GPU ran at while each pass timed the shape
     stamped = dict(gpu=gpu, **kinds)
 
     def best(found):
@@ -146,7 +148,8 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
         if timings_path is not None:
             rows = [{"n": n, "k": k, "batch": b,
                      "timed": [[list(astuple(t.tactic)), round(t.chained_us, 3), round(t.alone_us, 3)]
-                               for t in found]}
+                               for t in found],
+                     "clocks": clocks.get((n, k), [])}
                     for (n, k, b), found in timed.items()]
             Path(timings_path).write_text(json.dumps(rows, indent=0) + "\n")
         return entries, invariant
@@ -159,8 +162,11 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
         with tqdm(total=sum(map(len, candidates.values())), desc=description, unit="tactic") as progress:
             for n, k in shapes:
                 timer = ShapeTimer(n, k, **kinds)
-                for b in batches:
-                    timed.setdefault((n, k, b), []).extend(timer.time(b, candidates[n, k, b], progress))
+                # Sampled per shape: a long tune heats the GPU, and a clock drop shows up here.
+                with ClockLog(torch.cuda.current_device()) as log:
+                    for b in batches:
+                        timed.setdefault((n, k, b), []).extend(timer.time(b, candidates[n, k, b], progress))
+                clocks.setdefault((n, k), []).append(log.summary())
                 del timer
                 if done is not None:
                     done.add((n, k))
@@ -182,4 +188,9 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
         }, "tune batch-invariant", done=settled)
     entries, invariant = write()
     print(f"tuned {len(shapes)} shapes x {len(batches)} batches in {time.perf_counter() - started:.0f} s")
+    sampled = [(summary, shape) for shape, passes in clocks.items() for summary in passes if summary.get("samples")]
+    if sampled:
+        slowest, (n, k) = min(sampled, key=lambda found: found[0]["sm_mhz_median"])
+        print(f"lowest median SM clock while timing a shape: {slowest['sm_mhz_median']:.0f} MHz ({n}x{k}); "
+              f"up to {max(summary['power_w_max'] for summary, _ in sampled):.0f} W")
     return entries, invariant

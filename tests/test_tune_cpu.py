@@ -26,6 +26,22 @@ class FakeTimer:
         return found
 
 
+class FakeClockLog:
+    """A clock log that always read one sample at full clock."""
+
+    def __init__(self, index):
+        self.index = index
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def summary(self):
+        return {"samples": 1, "sm_mhz_median": 1980.0, "power_w_max": 650.0}
+
+
 @pytest.fixture
 def fake_gpu(monkeypatch):
     """The tuner with FakeTimer, no compiling, and an H200 as the current device."""
@@ -34,9 +50,10 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(tuning, "architecture", lambda device: "sm_90a")
     monkeypatch.setattr(tuning, "gpu_spec", lambda device=None: H200)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(tuning, "ClockLog", FakeClockLog)
 
 
-def test_one_pass_writes_both_tables_and_every_timing(fake_gpu, tmp_path):
+def test_one_pass_writes_both_tables_and_every_timing(fake_gpu, tmp_path, capsys):
     shapes, batches = [(2112, 7168), (7168, 1536)], [1, 16, 64, 256]
     paths = {name: tmp_path / f"{name}.json" for name in ("free", "invariant", "timings")}
     entries, invariant = tuning.tune(shapes, batches, limit=6, invariant_limit=4, out_path=paths["free"],
@@ -50,6 +67,9 @@ def test_one_pass_writes_both_tables_and_every_timing(fake_gpu, tmp_path):
     assert all(free_us[e["n"], e["k"], e["batch"]] <= e["us"] for e in invariant)
     timings = json.loads(paths["timings"].read_text())
     assert {(row["n"], row["k"], row["batch"]) for row in timings} == set(free_us)
+    # Every cell says what the GPU ran at while each of the two passes timed its shape.
+    assert all(row["clocks"] == [FakeClockLog(0).summary()] * 2 for row in timings)
+    assert "lowest median SM clock while timing a shape: 1980 MHz" in capsys.readouterr().out
     # Each cell's winner is the best mean of its two launch contexts.
     for row in timings:
         best = min(row["timed"], key=lambda timed: timed[1] + timed[2])
