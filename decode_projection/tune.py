@@ -12,21 +12,27 @@ would leave a model with glue between its projections slower. Pruning is
 what makes a full table fit in minutes of GPU time: the tactic space has
 hundreds of valid points, the model keeps a handful.
 
-The batch-invariant table comes from the same pass: the smallest batch's winner
-fixes each shape's summation order (split and K boxes per stage), the tactics
-with that order are timed at the other batches next to the free candidates, and
-each table keeps its own best; so a row is summed in the same order whatever
-the batch, and the free table may also pick an invariant candidate.
+The batch-invariant table comes from the same pass: each shape gets one
+summation order (split and K boxes per stage), the one whose best time at each
+batch is closest to that batch's best over all orders (geometric mean of the
+ratios, over the orders timed at every batch; batch 1's winner where none is).
+Batch 1's winner alone is not enough: on 3072 x 7168 it took 4-box stages,
+which leave no shared memory for large activation tiles, and ran up to 3x
+behind at M >= 96. The tactics with that order are timed at every batch next to
+the free candidates, and each table keeps its own best; so a row is summed in
+the same order whatever the batch, and the free table may also pick an
+invariant candidate.
 
 The tactics the current tables hold for a cell (``incumbents``) are timed
 next to the new candidates: candidate lists change with the cost model, and a
 re-tune of the free table must not lose a tactic that already won. (The
-batch-invariant table keeps an incumbent only if this run's batch-1 winner
-fixes the same summation order.)
+batch-invariant table keeps an incumbent only if this run fixes the same
+summation order.)
 """
 
 import datetime
 import json
+import math
 import time
 from dataclasses import astuple, dataclass
 from pathlib import Path
@@ -94,6 +100,24 @@ class ShapeTimer:
             timed.append(Timed(tactic, chained, alone))
             progress.update()
         return timed
+
+
+def shared_order(timed_by_batch: list[list[Timed]]) -> tuple:
+    """The summation order for every batch of a shape (batches smallest first): the lowest geometric
+    mean of its best score over each batch's best, among orders timed at every batch; else batch 1's winner's."""
+    ratios = []
+    for found in timed_by_batch:
+        best_by_order = {}
+        for t in found:
+            order = t.tactic.summation_order
+            best_by_order[order] = min(best_by_order.get(order, math.inf), t.score)
+        fastest = min(best_by_order.values())
+        ratios.append({order: score / fastest for order, score in best_by_order.items()})
+    first_winner = min(timed_by_batch[0], key=lambda t: t.score).tactic.summation_order
+    everywhere = set.intersection(*(set(r) for r in ratios))
+    if not everywhere:
+        return first_winner
+    return min(everywhere, key=lambda order: (sum(math.log(r[order]) for r in ratios), order != first_winner))
 
 
 def incumbent_tactics(tables, n, k, batch, gpu, *, weight_dtype, output_dtype) -> list[SplitKTactic]:
@@ -179,8 +203,7 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
 
     run_pass({(n, k, b): first_candidates(n, k, b) for n, k in shapes for b in batches}, "tune")
     if invariant_limit is not None:
-        # The smallest batch's winner fixes each shape's summation order for every batch.
-        orders.update({(n, k): best(timed[n, k, batches[0]]).tactic.summation_order for n, k in shapes})
+        orders.update({(n, k): shared_order([timed[n, k, b] for b in batches]) for n, k in shapes})
         run_pass({
             (n, k, b): [t for t in candidate_tactics(n, k, b, gpu, limit=invariant_limit, order=orders[n, k])
                         if t not in {done.tactic for done in timed[n, k, b]}]

@@ -112,3 +112,19 @@ def test_the_current_tables_tactics_are_timed_too(fake_gpu, monkeypatch, tmp_pat
     timed = {row["batch"]: {tuple(t[0]) for t in row["timed"]} for row in rows}
     assert timed[1] == {(64, 8, 8, 3, 1, 1), (128, 8, 1, 6, 1, 1), (64, 8, 2, 4, 1, 1)}
     assert timed[2] == {(64, 8, 8, 3, 1, 1)}  # no table entry for batch 2
+
+
+def test_the_invariant_order_is_the_one_closest_to_each_batchs_best():
+    # Batch 1's winner (4 boxes) is 1% ahead at batch 1 but 3x behind at batch 256: the order
+    # chosen for every batch is the one that costs least over all of them.
+    def timed(split, k_boxes, us):
+        return tuning.Timed(SplitKTactic(128, 8, split, 3, k_boxes), us, us)
+
+    batch_1 = [timed(4, 4, 10.0), timed(2, 1, 10.1), timed(8, 1, 9.95)]
+    batch_256 = [timed(4, 4, 60.0), timed(2, 1, 20.0)]
+    assert tuning.shared_order([batch_1, batch_256]) == (2, 1)  # (8, 1) was not timed at batch 256
+    # With no order timed at every batch, batch 1's winner decides.
+    assert tuning.shared_order([batch_1, [timed(1, 2, 20.0)]]) == (8, 1)
+    # A tie goes to batch 1's winner.
+    tied = [[timed(2, 1, 11.0), timed(4, 4, 10.0)], [timed(4, 4, 22.0), timed(2, 1, 20.0)]]
+    assert tuning.shared_order(tied) == (4, 4)
