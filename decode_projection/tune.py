@@ -143,9 +143,10 @@ def entry(n, k, batch, best: Timed, *, gpu, batch_invariant, weight_dtype, outpu
 def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfloat16, limit=8,
          invariant_limit=None, out_path=None, invariant_out_path=None, timings_path=None, incumbents=None):
     """Tune every (shape, batch): ``(entries, invariant entries)``; the invariant table only when
-    ``invariant_limit`` is set. Tables and every candidate's times (with the GPU's clocks while each shape was timed) are written as JSON where a path
-    is given, after every shape, so an interrupted run keeps what it measured. ``incumbents``
-    (tables as ``load_table`` returns them) add their tactics for each cell to its candidates."""
+    ``invariant_limit`` is set. Tables and every candidate's times (with the GPU's clocks while each
+    shape was timed) are written as JSON where a path is given, after every shape, so an interrupted
+    run keeps what it measured. ``incumbents`` (tables as ``load_table`` returns them) add their
+    tactics for each cell to its candidates."""
     started = time.perf_counter()
     batches = sorted(batches)
     gpu = gpu_spec(torch.cuda.current_device())

@@ -1,7 +1,7 @@
 """Compile many kernels at once: worker processes fill the persistent cache in parallel.
 
 A projection needs one kernel per distinct tactic, and compiling one takes
-about a second of one CPU core; the shipped H200 tables hold 85 distinct
+about a second of one CPU core; the shipped H200 tuned table holds 95 distinct
 tactics for the Kimi-K3 shapes, so a first start that compiles them one by one
 (``prepare()`` does) waits about a minute. Compiling them in worker processes
 into the disk cache (``disk_cache.py``) first, then loading, spreads that over
@@ -20,7 +20,7 @@ from .disk_cache import cache_dir
 from .projection import compile_projection
 
 
-MOST_WORKERS = 16  # by default: each worker imports torch and the DSL, and 16 already cover 85 kernels
+MOST_WORKERS = 16  # by default: each worker imports torch and the DSL, and 16 already cover ~100 kernels
 
 
 def _compile_one(job):
