@@ -128,14 +128,15 @@ def tune(args):
     if not hopper_available():
         print("Tuning times kernels and needs a Hopper GPU (H100/H200).", file=sys.stderr)
         return 2
-    from .tables import shipped_tables
+    from .tables import read_entries, shipped_tables
     from .tune import tune as run_tune
 
     run_tune(args.shape, args.batches, weight_dtype=DTYPES[args.dtype], output_dtype=DTYPES[args.out_dtype],
              limit=args.candidates, out_path=args.out, timings_path=args.timings,
              invariant_limit=args.invariant_candidates if args.batch_invariant_out else None,
              invariant_out_path=args.batch_invariant_out,
-             incumbents=None if args.ignore_shipped else shipped_tables())
+             incumbents=None if args.ignore_shipped else shipped_tables(),
+             kept_entries=read_entries(args.out) if args.update else ())
     return 0
 
 
@@ -179,7 +180,11 @@ def main(argv=None):
     run_tune.add_argument("--timings", help="also write every candidate's time as JSON")
     run_tune.add_argument("--ignore-shipped", action="store_true",
                           help="do not time the shipped tables' tactics next to the new candidates")
+    run_tune.add_argument("--update", action="store_true",
+                          help="keep the cells of the existing --out table that this run does not tune")
     args = parser.parse_args(argv)
+    if args.command == "tune" and args.update and args.batch_invariant_out:
+        parser.error("--update re-tunes some cells of a free table; a batch-invariant order needs every batch")
     args.shape = args.shape or list(KIMI_K3_SHAPES)
     if args.command in ("bench", "warm"):
         unknown = set(args.policies.split(",")) - {"tuned", "heuristic", "batch-invariant"}

@@ -16,6 +16,9 @@ once. The kernel is shaped around that:
 * A producer warp keeps ``stages`` tiles in flight through an mbarrier
   pipeline (a stage holds 1, 2 or 4 TMA boxes of 64 K); one consumer
   warpgroup per 64 weight rows issues wgmma, keeping one group in flight.
+  Where the accumulators outgrow an even share of the register file (three
+  warpgroups of 256 activation rows), the producer is a whole warpgroup that
+  hands its registers to the consumers (setmaxnreg).
 * Split K across the ``split`` CTAs of a thread-block cluster (short N, long K
   needs more CTAs than N tiles to fill 132 SMs). Partial sums are reduced
   through distributed shared memory in a fixed rank order: no atomics, no
@@ -41,9 +44,11 @@ BOX_K = 64  # K of one TMA box: 64 16-bit elements = one 128-byte swizzle row
 K_BOXES = (1, 2, 4)  # boxes per stage along K: 128, 256 or 512 contiguous bytes of each weight row
 WGMMA_ROWS = 64  # weight rows per consumer warpgroup (wgmma M)
 WEIGHT_ROWS = (64, 128, 192)  # one to three consumer warpgroups
-# Accumulator registers bound the activation tile a tile of this many weight rows can hold:
-# three warpgroups (416 threads) leave too few registers for 256 columns.
-MOST_ACTIVATION_ROWS = {64: 256, 128: 256, 192: 192}
+# Three warpgroups of 256 activation rows need ~155 registers per consumer thread. Each quarter
+# of an SM has 16384 registers for one warp of every warpgroup: with a producer warp that caps
+# threads at 128; a producer warpgroup keeping 32 lets the consumers have 160 (32 + 3 x 160 = 512).
+PRODUCER_REGISTERS = 32
+CONSUMER_REGISTERS = 160
 # wgmma N. 48, 96 and 192 fit padded decode batches exactly: a 128- or 256-row tile
 # only partly filled (rows past M are TMA zero-fill) measured up to 1.6x slower.
 ACTIVATION_ROWS = (8, 16, 32, 48, 64, 96, 128, 192, 256)
@@ -91,9 +96,20 @@ class SplitKTactic:
         return self.weight_rows // WGMMA_ROWS
 
     @property
+    def reallocates_registers(self) -> bool:
+        """True where the consumers need more registers than an even share (see CONSUMER_REGISTERS)."""
+        return self.consumer_groups == 3 and self.activation_rows > 192
+
+    @property
+    def wgmma_columns(self) -> int:
+        """wgmma N: the activation tile, or half of it where registers are reallocated (ptxas
+        fits each instruction's accumulators in the 128 registers every thread starts with)."""
+        return self.activation_rows // 2 if self.reallocates_registers else self.activation_rows
+
+    @property
     def threads(self) -> int:
-        """Consumer warpgroups plus one producer warp."""
-        return 128 * self.consumer_groups + 32
+        """Consumer warpgroups plus one producer warp (a whole warpgroup where registers are reallocated)."""
+        return 128 * self.consumer_groups + (128 if self.reallocates_registers else 32)
 
     @property
     def stage_bytes(self) -> int:
@@ -123,9 +139,6 @@ class SplitKTactic:
         found = []
         if self.weight_rows not in WEIGHT_ROWS:
             found.append(f"weight rows {self.weight_rows} not in {WEIGHT_ROWS}")
-        elif self.activation_rows > MOST_ACTIVATION_ROWS[self.weight_rows]:
-            found.append(f"{self.weight_rows} weight rows hold at most {MOST_ACTIVATION_ROWS[self.weight_rows]} "
-                         f"activation rows in registers, not {self.activation_rows}")
         if self.activation_rows not in ACTIVATION_ROWS:
             found.append(f"activation rows {self.activation_rows} not in {ACTIVATION_ROWS}")
         if self.split not in SPLITS:
@@ -206,7 +219,7 @@ class SplitKGemm:
             cute.nvgpu.OperandMajorMode.K,
             cutlass.Float32,
             (t.consumer_groups, 1, 1),
-            tiler_mn=(WGMMA_ROWS, t.activation_rows),
+            tiler_mn=(WGMMA_ROWS, t.wgmma_columns),
         )
         k_major = utils.LayoutEnum.ROW_MAJOR
         weight_smem = sm90_utils.make_smem_layout_a(k_major, t.tile_mnk, operand, t.stages)
@@ -299,59 +312,65 @@ class SplitKGemm:
         s_weight = storage.weight_tiles.get_tensor(weight_smem.outer, swizzle=weight_smem.inner)
         s_act = storage.act_tiles.get_tensor(act_smem.outer, swizzle=act_smem.inner)
 
-        if warp == self.producer_warp:
-            g_act = cute.local_tile(
-                act_coords, t.tile_mnk, (n_tile, m_tile, None, 0), proj=(None, 1, 1)
-            )
-            # Each sharer loads 1/multicast of the activation rows into every sharer.
-            t_act_smem, t_act_global = cpasync.tma_partition(
-                act_tma,
-                sharer,
-                cute.make_layout(t.multicast),
-                cute.group_modes(s_act, 0, 2),
-                cute.group_modes(g_act, 0, 2),
-            )
-            sharers_mask = None
-            if cutlass.const_expr(t.multicast > 1):
-                sharers_mask = cutlass.Int16(sum(1 << (i * t.split) for i in range(t.multicast))) << rank
-            descriptor = cute.make_ptr(
-                cutlass.Int8, weight_map, cute.AddressSpace.generic, assumed_align=128
-            )
-            # The map was written by a host copy: acquire it for the tensormap proxy.
-            nvvm.fence_proxy_acquire("gpu", descriptor, 128)
-            if nvvm.elect_sync():
-                nvvm.prefetch_tensormap(descriptor)
-            cpasync.prefetch_descriptor(act_tma)
-            weight_row = n_tile * t.weight_rows
-            weight_tiles = storage.weight_tiles.data_ptr()
+        if warp >= self.producer_warp:
+            if cutlass.const_expr(t.reallocates_registers):
+                # Only the first warp loads; its registers go to the consumers.
+                cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
+            if warp == self.producer_warp:
+                g_act = cute.local_tile(
+                    act_coords, t.tile_mnk, (n_tile, m_tile, None, 0), proj=(None, 1, 1)
+                )
+                # Each sharer loads 1/multicast of the activation rows into every sharer.
+                t_act_smem, t_act_global = cpasync.tma_partition(
+                    act_tma,
+                    sharer,
+                    cute.make_layout(t.multicast),
+                    cute.group_modes(s_act, 0, 2),
+                    cute.group_modes(g_act, 0, 2),
+                )
+                sharers_mask = None
+                if cutlass.const_expr(t.multicast > 1):
+                    sharers_mask = cutlass.Int16(sum(1 << (i * t.split) for i in range(t.multicast))) << rank
+                descriptor = cute.make_ptr(
+                    cutlass.Int8, weight_map, cute.AddressSpace.generic, assumed_align=128
+                )
+                # The map was written by a host copy: acquire it for the tensormap proxy.
+                nvvm.fence_proxy_acquire("gpu", descriptor, 128)
+                if nvvm.elect_sync():
+                    nvvm.prefetch_tensormap(descriptor)
+                cpasync.prefetch_descriptor(act_tma)
+                weight_row = n_tile * t.weight_rows
+                weight_tiles = storage.weight_tiles.data_ptr()
 
-            # Weights do not depend on the previous kernel (programmatic dependent
-            # launch), so the first stages stream while it finishes; activations do.
-            prefetch = cutlass.min(t.stages, k_count)
-            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, t.stages)
-            for i in cutlass.range(prefetch, unroll=1):
-                tiles.producer_acquire(state)
-                self.load_weight(weight_tiles, state, descriptor, tiles, k_begin + i, weight_row)
-                state.advance()
-            cute.arch.griddepcontrol_wait()
-            early = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, t.stages)
-            for i in cutlass.range(prefetch, unroll=1):
-                self.load_activations(act_tma, t_act_global, t_act_smem, early, tiles, k_begin + i, sharers_mask)
-                early.advance()
-            for i in cutlass.range(prefetch, k_count, unroll=1):
-                tiles.producer_acquire(state)
-                self.load_weight(weight_tiles, state, descriptor, tiles, k_begin + i, weight_row)
-                self.load_activations(act_tma, t_act_global, t_act_smem, state, tiles, k_begin + i, sharers_mask)
-                state.advance()
-            cute.arch.griddepcontrol_launch_dependents()
-            if cutlass.const_expr(t.multicast > 1):
-                # Sharers' consumers release this CTA's stages remotely: stay until they have.
-                tiles.producer_tail(state)
+                # Weights do not depend on the previous kernel (programmatic dependent
+                # launch), so the first stages stream while it finishes; activations do.
+                prefetch = cutlass.min(t.stages, k_count)
+                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, t.stages)
+                for i in cutlass.range(prefetch, unroll=1):
+                    tiles.producer_acquire(state)
+                    self.load_weight(weight_tiles, state, descriptor, tiles, k_begin + i, weight_row)
+                    state.advance()
+                cute.arch.griddepcontrol_wait()
+                early = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, t.stages)
+                for i in cutlass.range(prefetch, unroll=1):
+                    self.load_activations(act_tma, t_act_global, t_act_smem, early, tiles, k_begin + i, sharers_mask)
+                    early.advance()
+                for i in cutlass.range(prefetch, k_count, unroll=1):
+                    tiles.producer_acquire(state)
+                    self.load_weight(weight_tiles, state, descriptor, tiles, k_begin + i, weight_row)
+                    self.load_activations(act_tma, t_act_global, t_act_smem, state, tiles, k_begin + i, sharers_mask)
+                    state.advance()
+                cute.arch.griddepcontrol_launch_dependents()
+                if cutlass.const_expr(t.multicast > 1):
+                    # Sharers' consumers release this CTA's stages remotely: stay until they have.
+                    tiles.producer_tail(state)
             if cutlass.const_expr(t.split > 1):
                 # The reduction's cluster barrier counts every thread.
                 cute.arch.cluster_arrive()
                 cute.arch.cluster_wait()
         else:
+            if cutlass.const_expr(t.reallocates_registers):
+                cute.arch.setmaxregister_increase(CONSUMER_REGISTERS)
             group = warp // 4
             mma_group = tiled_mma.get_slice(group * 128)
             frag_weight = tiled_mma.make_fragment_A(mma_group.partition_A(s_weight))

@@ -46,6 +46,12 @@ def key_of(entry: dict) -> TableKey:
     )
 
 
+def read_entries(path) -> list[dict]:
+    """The entries of one JSON table file as written (checked like ``load_table``)."""
+    load_table(path)
+    return json.loads(Path(path).read_text())["entries"]
+
+
 def load_table(path) -> dict:
     """``{TableKey: {batch: SplitKTactic}}`` from one JSON file."""
     document = json.loads(Path(path).read_text())

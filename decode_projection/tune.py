@@ -47,7 +47,7 @@ from .policies import candidate_tactics, gpu_spec
 from .projection import PreparedProjection
 from .runtime import architecture
 from .splitk import SplitKTactic
-from .tables import TableKey, dtype_name, table_policies, write_table
+from .tables import TableKey, dtype_name, key_of, table_policies, write_table
 from .timing import cold_copies, foreign_kernel, graph_time_us
 from .warmup import compile_all
 
@@ -141,12 +141,14 @@ def entry(n, k, batch, best: Timed, *, gpu, batch_invariant, weight_dtype, outpu
 
 
 def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfloat16, limit=8,
-         invariant_limit=None, out_path=None, invariant_out_path=None, timings_path=None, incumbents=None):
+         invariant_limit=None, out_path=None, invariant_out_path=None, timings_path=None, incumbents=None,
+         kept_entries=()):
     """Tune every (shape, batch): ``(entries, invariant entries)``; the invariant table only when
     ``invariant_limit`` is set. Tables and every candidate's times (with the GPU's clocks while each
     shape was timed) are written as JSON where a path is given, after every shape, so an interrupted
     run keeps what it measured. ``incumbents`` (tables as ``load_table`` returns them) add their
-    tactics for each cell to its candidates."""
+    tactics for each cell to its candidates. ``kept_entries`` (a table's entries) are written to
+    ``out_path`` too, except the cells this run tunes."""
     started = time.perf_counter()
     batches = sorted(batches)
     gpu = gpu_spec(torch.cuda.current_device())
@@ -162,7 +164,9 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
         stamp = dict(dsl_version=cutlass.__version__, measured=datetime.date.today().isoformat())
         entries = [entry(*cell, best(found), batch_invariant=False, **stamped) for cell, found in timed.items()]
         if out_path is not None:
-            write_table(out_path, entries, **stamp)
+            tuned = {(key_of(e), e["batch"]) for e in entries}
+            kept = [e for e in kept_entries if (key_of(e), e["batch"]) not in tuned]
+            write_table(out_path, kept + entries, **stamp)
         invariant = [
             entry(n, k, b, best([t for t in found if t.tactic.summation_order == orders[n, k]]),
                   batch_invariant=True, **stamped)

@@ -1,5 +1,5 @@
 """A few small projections for compute-sanitizer (memcheck, racecheck): split 1, 2, 4 and 8; 1, 2 and 4 K boxes;
-activations multicast to 2 and 4 weight tiles; 64, 128 and 192 weight rows."""
+activations multicast to 2 and 4 weight tiles; 64, 128 and 192 weight rows (the last with 256 activation rows too)."""
 
 import torch
 
@@ -20,6 +20,9 @@ CASES = [
     # Three consumer warpgroups: split-K reduction over 384 threads, and multicast.
     (SplitKTactic(192, 64, 2, 3), 400, 1544, 50),
     (SplitKTactic(192, 32, 1, 4, 1, 2), 500, 1000, 32),
+    # A producer warpgroup that hands its registers to three consumer warpgroups (256 activation rows).
+    (SplitKTactic(192, 256, 4, 4), 400, 1544, 200),
+    (SplitKTactic(192, 256, 1, 4, 1, 2), 500, 1000, 256),
 ]
 
 for tactic, n, k, batch in CASES:

@@ -11,11 +11,14 @@ GRID = [
     for rows, acts, split in itertools.product((64, 128), ACTIVATION_ROWS, (1, 2, 4, 8))
 ]
 # Three consumer warpgroups (192 weight rows): splits, a deep pipeline, the widest activation tile
-# they hold, multicast and wide stages.
+# without register reallocation, multicast and wide stages; then 256 activation rows, where a producer
+# warpgroup gives its registers to the consumers, with split K, multicast and wide stages.
 GRID += [
     SplitKTactic(192, 8, 1, 4), SplitKTactic(192, 64, 2, 4), SplitKTactic(192, 96, 1, 4),
     SplitKTactic(192, 128, 4, 4), SplitKTactic(192, 192, 1, 3), SplitKTactic(192, 48, 8, 3),
     SplitKTactic(192, 16, 1, max_stages(192, 16, 1)), SplitKTactic(192, 32, 1, 4, 1, 2), SplitKTactic(192, 16, 3, 4, 2),
+    SplitKTactic(192, 256, 1, 4), SplitKTactic(192, 256, 4, 4), SplitKTactic(192, 256, 3, 4, 1, 2),
+    SplitKTactic(192, 256, 2, 2, 2),
 ]
 # Cluster sizes that are not powers of two (uneven K slices, ranks with no K tiles).
 GRID += [SplitKTactic(64, 8, 3, 6), SplitKTactic(128, 32, 5, 4), SplitKTactic(64, 64, 6, 4), SplitKTactic(128, 128, 7, 3)]

@@ -33,6 +33,7 @@ def test_tune_without_gpu_says_so(no_gpu, capsys, tmp_path):
     ["bench", "--batches", "0"],
     ["bench", "--policies", "fastest"],
     ["bench", "--dtype", "fp8"],
+    ["tune", "--out", "t.json", "--update", "--batch-invariant-out", "i.json"],
 ])
 def test_bad_arguments_exit_with_usage(argv, no_gpu):
     with pytest.raises(SystemExit) as exit_info:

@@ -8,7 +8,7 @@ import torch
 from decode_projection import tune as tuning
 from decode_projection.policies import H200, predicted_time_us
 from decode_projection.splitk import SplitKTactic
-from decode_projection.tables import TableKey, load_table
+from decode_projection.tables import TableKey, load_table, read_entries
 
 
 class FakeTimer:
@@ -81,6 +81,17 @@ def test_without_an_invariant_limit_only_the_free_table_is_written(fake_gpu, tmp
                                      invariant_out_path=tmp_path / "invariant.json")
     assert len(entries) == 2 and invariant == []
     assert (tmp_path / "free.json").exists() and not (tmp_path / "invariant.json").exists()
+
+
+def test_an_update_replaces_only_the_tuned_cells(fake_gpu, tmp_path):
+    path = tmp_path / "free.json"
+    tuning.tune([(1536, 128), (3072, 128)], [1, 8], limit=2, out_path=path)
+    before = {(e["n"], e["batch"]): e for e in read_entries(path)}
+    entries, _ = tuning.tune([(1536, 128)], [8], limit=1, out_path=path, kept_entries=list(before.values()))
+    after = {(e["n"], e["batch"]): e for e in read_entries(path)}
+    assert set(after) == set(before)
+    assert after[1536, 8] == entries[0]
+    assert all(after[cell] == before[cell] for cell in after if cell != (1536, 8))
 
 
 def test_a_shape_is_written_to_the_invariant_table_only_once_its_pinned_order_is_timed(fake_gpu, monkeypatch,
