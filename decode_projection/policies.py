@@ -42,6 +42,13 @@ class GpuSpec:
     sm_count: int
     smem_per_sm: int
     hbm_bytes_per_us: float  # measured streaming-read ceiling
+    # Clusters of 1, 2, ... CTAs resident at once, one CTA per SM (scripts/cluster_residency.py):
+    # a cluster's CTAs share a GPC, so fewer fit than SMs / size. Unmeasured sizes assume SMs / size.
+    cluster_slots: tuple[int, ...] = ()
+
+    def clusters_at_once(self, size: int) -> int:
+        """How many clusters of ``size`` CTAs run at once with one CTA per SM."""
+        return self.cluster_slots[size - 1] if size <= len(self.cluster_slots) else self.sm_count // size
 
 
 H200 = GpuSpec("NVIDIA H200", 132, 228 * 1024, 4.4e6)
@@ -53,7 +60,9 @@ def gpu_spec(device=None) -> GpuSpec:
         return H200
     props = torch.cuda.get_device_properties(device)
     smem = getattr(props, "shared_memory_per_multiprocessor", H200.smem_per_sm)
-    return GpuSpec(props.name, props.multi_processor_count, smem, H200.hbm_bytes_per_us)
+    same = (props.name, props.multi_processor_count) == (H200.name, H200.sm_count)
+    return GpuSpec(props.name, props.multi_processor_count, smem, H200.hbm_bytes_per_us,
+                   H200.cluster_slots if same else ())
 
 
 def activation_rows_for(batch: int) -> int:
@@ -92,7 +101,8 @@ def default_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, batch_inv
 
 
 def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTactic:
-    """For compute-bound batches: the grid with the most CTAs that still fits in one wave.
+    """For compute-bound batches: the grid with the most CTAs that still fits in one wave
+    (of whole clusters: a split of 4 fits fewer CTAs at once than SMs).
 
     A second, partly filled wave of MMA-heavy CTAs costs nearly a whole one, and
     split K beyond need adds reductions of large accumulators: in the H200
@@ -109,7 +119,7 @@ def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTa
         for split in HEURISTIC_SPLITS
         if split <= largest_split(k)
     ]
-    one_wave = [option for option in options if option[0] <= gpu.sm_count]
+    one_wave = [o for o in options if waves(SplitKTactic(o[3], o[1], o[2], 2), n, batch, gpu) == 1]
     if one_wave:
         _, acts, split, rows = max(one_wave, key=lambda o: (o[0], o[1], -o[2], o[3] <= n, o[3]))
     else:  # no grid fits: the fewest CTAs, with the same preferences
@@ -177,13 +187,13 @@ def predicted_time_us(n: int, k: int, batch: int, tactic: SplitKTactic, gpu: Gpu
     weight_us = m_tiles * n * k * 2 / bandwidth
     # Every CTA reads its K slice of the activation tile: per weight tile, all of K.
     act_us = n_tiles * m_tiles * tactic.activation_rows * k * 2 / l2_bytes_per_us
-    # The busiest SM runs ceil(ctas / SMs) CTAs' MMAs one after another.
+    # The busiest SM runs one CTA's MMAs per wave of one CTA per SM, one wave after another.
     k_tiles_per_cta = math.ceil(math.ceil(k / tactic.tile_k) / tactic.split)
     cta_flops = 2 * tactic.weight_rows * tactic.activation_rows * tactic.tile_k * k_tiles_per_cta
-    compute_us = math.ceil(ctas / gpu.sm_count) * cta_flops / SM_FLOPS_PER_US
-    waves = math.ceil(ctas / (gpu.sm_count * per_sm))
+    compute_us = waves(tactic, n, batch, gpu) * cta_flops / SM_FLOPS_PER_US
+    extra_waves = waves(tactic, n, batch, gpu, per_sm) - 1
     reduction = reduce_us if tactic.split > 1 else 0.0
-    return launch_us + max(weight_us, compute_us) + act_us + (waves - 1) * wave_us + reduction
+    return launch_us + max(weight_us, compute_us) + act_us + extra_waves * wave_us + reduction
 
 
 def activation_tile_choices(batch: int) -> list[int]:
@@ -230,9 +240,16 @@ def grid_ctas(tactic: SplitKTactic, n: int, batch: int) -> int:
     return tiles * tactic.split * math.ceil(batch / tactic.activation_rows)
 
 
+def waves(tactic: SplitKTactic, n: int, batch: int, gpu: GpuSpec = H200, per_sm: int = 1) -> int:
+    """Waves ``tactic``'s grid takes with ``per_sm`` CTAs per SM, counted in whole clusters."""
+    size = tactic.split * tactic.multicast
+    clusters = grid_ctas(tactic, n, batch) // size
+    return math.ceil(clusters / (gpu.clusters_at_once(size) * per_sm))
+
+
 def fits_like(tactic: SplitKTactic, base: SplitKTactic, n: int, batch: int, gpu: GpuSpec = H200) -> bool:
     """False when ``tactic``'s grid needs more waves of one CTA per SM than ``base``'s."""
-    return math.ceil(grid_ctas(tactic, n, batch) / gpu.sm_count) <= math.ceil(grid_ctas(base, n, batch) / gpu.sm_count)
+    return waves(tactic, n, batch, gpu) <= waves(base, n, batch, gpu)
 
 
 def fills_every_rank(tactic: SplitKTactic, k: int) -> bool:
