@@ -9,14 +9,15 @@ flight; past that, extra split only adds reduction work. Compute-bound batches
 (activation tiles of 96 or more) want the fullest grid that fits in one wave.
 """
 
+import functools
 import math
 from dataclasses import dataclass, replace
 
 import torch
 
 from .splitk import (
-    ACTIVATION_ROWS, BARRIER_BYTES, BOX_K, K_BOXES, MULTICASTS, SPLITS, WEIGHT_ROWS, SplitKTactic, as_tactic,
-    max_stages,
+    ACTIVATION_ROWS, BARRIER_BYTES, BOX_K, K_BOXES, MULTICASTS, PORTABLE_CLUSTER, SPLITS, WEIGHT_ROWS, SplitKTactic,
+    as_tactic, max_stages,
 )
 
 MIN_K_TILES_PER_CTA = 4  # fewer and the pipeline never fills
@@ -54,15 +55,28 @@ class GpuSpec:
 H200 = GpuSpec("NVIDIA H200", 132, 228 * 1024, 4.4e6)
 
 
-def gpu_spec(device=None) -> GpuSpec:
-    """The spec of ``device``'s GPU, or the H200's when no device is given."""
+def gpu_spec(device=None, *, measure_clusters=False) -> GpuSpec:
+    """The spec of ``device``'s GPU, or the H200's when no device is given.
+
+    Cluster residency is the H200's where the GPU is one, else SMs / size, unless
+    ``measure_clusters`` asks the driver (compiles a probe kernel: for the tuner).
+    """
     if device is None:
         return H200
     props = torch.cuda.get_device_properties(device)
     smem = getattr(props, "shared_memory_per_multiprocessor", H200.smem_per_sm)
     same = (props.name, props.multi_processor_count) == (H200.name, H200.sm_count)
-    return GpuSpec(props.name, props.multi_processor_count, smem, H200.hbm_bytes_per_us,
-                   H200.cluster_slots if same else ())
+    slots = measured_cluster_slots(props.index) if measure_clusters else H200.cluster_slots if same else ()
+    return GpuSpec(props.name, props.multi_processor_count, smem, H200.hbm_bytes_per_us, slots)
+
+
+@functools.cache
+def measured_cluster_slots(device_index: int) -> tuple[int, ...]:
+    """Clusters of 1..PORTABLE_CLUSTER CTAs the driver says fit at once, one CTA per SM."""
+    import cutlass.utils
+
+    info = cutlass.utils.HardwareInfo(device_index)
+    return tuple(info.get_max_active_clusters(size) for size in range(1, PORTABLE_CLUSTER + 1))
 
 
 def activation_rows_for(batch: int) -> int:

@@ -151,7 +151,8 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
     ``out_path`` too, except the cells this run tunes."""
     started = time.perf_counter()
     batches = sorted(batches)
-    gpu = gpu_spec(torch.cuda.current_device())
+    gpu = gpu_spec(torch.cuda.current_device(), measure_clusters=True)
+    print(f"clusters of 1..{len(gpu.cluster_slots)} CTAs at once, one CTA per SM: {gpu.cluster_slots}")
     kinds = dict(weight_dtype=weight_dtype, output_dtype=output_dtype)
     timed, orders, settled = {}, {}, set()  # settled: shapes whose pinned-order candidates are timed
     clocks = {}  # (n, k): what the GPU ran at while each pass timed the shape

@@ -48,7 +48,7 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(tuning, "ShapeTimer", FakeTimer)
     monkeypatch.setattr(tuning, "compile_all", lambda jobs: list(jobs))
     monkeypatch.setattr(tuning, "architecture", lambda device: "sm_90a")
-    monkeypatch.setattr(tuning, "gpu_spec", lambda device=None: H200)
+    monkeypatch.setattr(tuning, "gpu_spec", lambda device=None, **measure: H200)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(tuning, "ClockLog", FakeClockLog)
 
