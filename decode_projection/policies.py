@@ -11,6 +11,7 @@ flight; past that, extra split only adds reduction work. Compute-bound batches
 
 import functools
 import math
+import sys
 from dataclasses import dataclass, replace
 
 import torch
@@ -66,17 +67,29 @@ def gpu_spec(device=None, *, measure_clusters=False) -> GpuSpec:
     props = torch.cuda.get_device_properties(device)
     smem = getattr(props, "shared_memory_per_multiprocessor", H200.smem_per_sm)
     same = (props.name, props.multi_processor_count) == (H200.name, H200.sm_count)
-    slots = measured_cluster_slots(props.index) if measure_clusters else H200.cluster_slots if same else ()
+    slots = measured_cluster_slots(device_index(device)) if measure_clusters else H200.cluster_slots if same else ()
     return GpuSpec(props.name, props.multi_processor_count, smem, H200.hbm_bytes_per_us, slots)
 
 
+def device_index(device) -> int:
+    """The CUDA ordinal of ``device`` (an int, a string or a torch.device; no index: the current one)."""
+    found = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    return torch.cuda.current_device() if found.index is None else found.index
+
+
 @functools.cache
-def measured_cluster_slots(device_index: int) -> tuple[int, ...]:
+def measured_cluster_slots(index: int) -> tuple[int, ...]:
     """Clusters of 1..PORTABLE_CLUSTER CTAs the driver says fit at once, one CTA per SM."""
     import cutlass.utils
 
-    info = cutlass.utils.HardwareInfo(device_index)
-    return tuple(info.get_max_active_clusters(size) for size in range(1, PORTABLE_CLUSTER + 1))
+    with torch.cuda.device(index):
+        torch.empty(1, device="cuda")  # the driver query runs in the current (torch's primary) context
+        try:
+            info = cutlass.utils.HardwareInfo(index)
+            return tuple(info.get_max_active_clusters(size) for size in range(1, PORTABLE_CLUSTER + 1))
+        except RuntimeError as error:
+            print(f"cluster residency not measured ({error}): assuming SMs / cluster size", file=sys.stderr)
+            return ()
 
 
 def activation_rows_for(batch: int) -> int:

@@ -2,6 +2,7 @@
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -187,3 +188,18 @@ def test_batch_invariant_table_mixing_k_boxes_is_refused(tmp_path):
                        dsl_version="test", measured="today")
     with pytest.raises(ValueError, match="mixes summation orders"):
         tables.load_table(path)
+
+
+def test_device_index_accepts_ints_strings_and_devices():
+    assert policies.device_index(3) == 3
+    assert policies.device_index("cuda:1") == 1
+    assert policies.device_index(torch.device("cuda", 2)) == 2
+
+
+def test_waves_count_whole_clusters_per_gpc():
+    spec = replace(H200, cluster_slots=(132, 66, 44, 32))
+    # 33 clusters of 4 CTAs: one CTA per SM would fit 132, but only 32 clusters of 4 fit at once.
+    tactic = SplitKTactic(192, 256, 4, 4)
+    assert policies.grid_ctas(tactic, 6288, 256) == 132
+    assert policies.waves(tactic, 6288, 256, spec) == 2
+    assert policies.waves(tactic, 6288, 256, replace(H200, cluster_slots=())) == 1  # SMs / size
