@@ -45,7 +45,7 @@ class GpuSpec:
     smem_per_sm: int
     hbm_bytes_per_us: float  # measured streaming-read ceiling
     # Clusters of 1, 2, ... CTAs resident at once, one CTA per SM (scripts/cluster_residency.py):
-    # a cluster's CTAs share a GPC, so fewer fit than SMs / size. Unmeasured sizes assume SMs / size.
+    # a cluster's CTAs share a GPC, so fewer fit than SMs / size. Unmeasured: SMs / size.
     cluster_slots: tuple[int, ...] = ()
 
     def clusters_at_once(self, size: int) -> int:
@@ -53,7 +53,9 @@ class GpuSpec:
         return self.cluster_slots[size - 1] if size <= len(self.cluster_slots) else self.sm_count // size
 
 
-H200 = GpuSpec("NVIDIA H200", 132, 228 * 1024, 4.4e6)
+# Cluster residency measured on the H200 (2026-12-02, scripts/cluster_residency.py): only 30
+# clusters of 4 fit at once (120 CTAs), 39 of 3, 15 of 8.
+H200 = GpuSpec("NVIDIA H200", 132, 228 * 1024, 4.4e6, (132, 66, 39, 30, 22, 17, 15, 15))
 
 
 def gpu_spec(device=None, *, measure_clusters=False) -> GpuSpec:

@@ -18,7 +18,7 @@ from decode_projection.workload import DECODE_BATCHES, KIMI_K3_SHAPES
 # The heuristic's H200 choices at batches 1, 16, 64 and 256, as (weight rows, activation rows, split, stages);
 # at 256 the fullest grid that fits in one wave.
 PINNED = [
-    ((2112, 7168), (128, 8, 4, 13), (128, 16, 4, 12), (128, 64, 4, 9), (64, 256, 4, 5)),
+    ((2112, 7168), (128, 8, 4, 13), (128, 16, 4, 12), (128, 64, 4, 9), (64, 128, 2, 9)),
     ((2304, 1536), (128, 8, 4, 13), (128, 16, 4, 12), (128, 64, 4, 9), (64, 256, 2, 5)),
     ((7168, 1536), (128, 8, 1, 13), (128, 16, 1, 12), (128, 64, 1, 9), (64, 256, 1, 5)),
     ((1536, 7168), (128, 8, 8, 13), (128, 16, 8, 12), (128, 64, 8, 9), (64, 256, 4, 5)),
