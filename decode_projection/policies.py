@@ -141,14 +141,15 @@ def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTa
     tile. Among timed tactics this rule lost 8% to the best (geometric mean over
     59 cells), the fill-the-SMs rule before it 45%.
     """
-    options = [
-        (grid_ctas(SplitKTactic(rows, acts, split, 2), n, batch), acts, split, rows)
+    shapes = [
+        SplitKTactic(rows, acts, split, 2)
         for acts in activation_tile_choices(batch)
         for rows in HEURISTIC_WEIGHT_ROWS
         for split in HEURISTIC_SPLITS
         if split <= largest_split(k)
     ]
-    one_wave = [o for o in options if waves(SplitKTactic(o[3], o[1], o[2], 2), n, batch, gpu) == 1]
+    options = [(grid_ctas(t, n, batch), t.activation_rows, t.split, t.weight_rows) for t in shapes]
+    one_wave = [o for t, o in zip(shapes, options) if waves(t, n, batch, gpu) == 1]
     if one_wave:
         _, acts, split, rows = max(one_wave, key=lambda o: (o[0], o[1], -o[2], o[3] <= n, o[3]))
     else:  # no grid fits: the fewest CTAs, with the same preferences

@@ -46,19 +46,20 @@ def key_of(entry: dict) -> TableKey:
     )
 
 
+
+
 def read_entries(path) -> list[dict]:
-    """The entries of one JSON table file as written (checked like ``load_table``)."""
-    load_table(path)
-    return json.loads(Path(path).read_text())["entries"]
+    """The entries of one JSON table file as written, after its format check."""
+    document = json.loads(Path(path).read_text())
+    if document.get("format") != FORMAT:
+        raise ValueError(f"{path}: table format {document.get('format')!r}, expected {FORMAT}")
+    return document["entries"]
 
 
 def load_table(path) -> dict:
     """``{TableKey: {batch: SplitKTactic}}`` from one JSON file."""
-    document = json.loads(Path(path).read_text())
-    if document.get("format") != FORMAT:
-        raise ValueError(f"{path}: table format {document.get('format')!r}, expected {FORMAT}")
     table = {}
-    for entry in document["entries"]:
+    for entry in read_entries(path):
         try:
             tactic = as_tactic(tuple(entry["tactic"]))
         except ValueError as error:
