@@ -122,12 +122,26 @@ class SplitKTactic:
         return self.activation_rows // 2
 
     @property
+    def reduction_vector(self) -> int:
+        """Accumulators per DSMEM store in the split-K reduction: 16-byte stores where
+        every rank still owns a share (scalar stores capped the M >= 96 reductions)."""
+        for width in (4, 2):
+            if self.partials_per_thread // width >= self.split:
+                return width
+        return 1
+
+    @property
+    def reduction_groups(self) -> int:
+        """Vectors of ``reduction_vector`` accumulators each consumer thread hands over."""
+        return self.partials_per_thread // self.reduction_vector
+
+    @property
     def reduction_bytes(self) -> int:
         """Shared memory the split-K reduction needs; it reuses the pipeline buffers."""
         if self.split == 1:
             return 0
-        per_rank = math.ceil(self.partials_per_thread / self.split)
-        return self.split * per_rank * 128 * self.consumer_groups * 4
+        per_rank = math.ceil(self.reduction_groups / self.split)
+        return self.split * per_rank * self.reduction_vector * 128 * self.consumer_groups * 4
 
     @property
     def smem_bytes(self) -> int:
@@ -475,45 +489,56 @@ class SplitKGemm:
     def reduce_across_cluster(self, acc, coords, rank, sharer, storage, out, row0, col0):
         """Sum the split partials through DSMEM in rank order; each rank stores a share.
 
-        Accumulator ``r`` of every thread is owned by rank ``r % split``: each CTA
-        sends it with ``st.async`` to slot ``[rank][r // split][thread]`` of the
-        owner's buffer (which reuses the drained pipeline tiles); the owner waits
-        on its mbarrier for every byte, then adds the ``split`` slots in rank
-        order, so the sum never depends on timing.
+        Each thread's accumulators go in vectors of ``reduction_vector``; vector
+        ``g`` is owned by rank ``g % split``: each CTA sends it with one ``st.async``
+        to slot ``[rank][g // split][thread]`` of the owner's buffer (which reuses
+        the drained pipeline tiles); the owner waits on its mbarrier for every
+        byte, then adds the ``split`` slots in rank order, so the sum never
+        depends on timing.
         """
         t = self.tactic
         tidx, _, _ = cute.arch.thread_idx()
-        per_rank = math.ceil(t.partials_per_thread / t.split)
+        width, groups = t.reduction_vector, t.reduction_groups
+        per_rank = math.ceil(groups / t.split)
         buffer = cute.recast_ptr(storage.weight_tiles.data_ptr(), dtype=cutlass.Float32)
         slot = cute.make_layout(
-            (self.consumer_threads, per_rank, t.split),
-            stride=(1, self.consumer_threads, self.consumer_threads * per_rank),
+            (width, self.consumer_threads, per_rank, t.split),
+            stride=(1, width, width * self.consumer_threads, width * self.consumer_threads * per_rank),
         )
         arrived = storage.reduction_barrier.data_ptr()
         if tidx == 0:
-            owned = cutlass.max(t.partials_per_thread - rank + t.split - 1, 0) // t.split
+            owned = cutlass.max(groups - rank + t.split - 1, 0) // t.split
             cute.arch.mbarrier_arrive_and_expect_tx(
-                arrived, owned * t.split * self.consumer_threads * 4
+                arrived, owned * t.split * self.consumer_threads * width * 4
             )
         # Every CTA of the cluster must be done reading its pipeline tiles
         # before any peer overwrites them with partial sums.
         cute.arch.cluster_arrive()
         cute.arch.cluster_wait()
         bits = cute.recast_tensor(acc, cutlass.Int32)
-        for r in cutlass.range_constexpr(t.partials_per_thread):
-            cute.arch.store_async_dsmem(
-                buffer + slot((tidx, r // t.split, rank)), bits[r], arrived, sharer * t.split + r % t.split
-                if cutlass.const_expr(t.multicast > 1) else r % t.split
+        for g in cutlass.range_constexpr(groups):
+            owner = g % t.split
+            if cutlass.const_expr(t.multicast > 1):
+                owner = sharer * t.split + owner
+            vector = tuple(bits[g * width + j] for j in range(width))
+            target = cute.make_ptr(
+                cutlass.Float32,
+                buffer.toint() + slot((0, tidx, g // t.split, rank)) * 4,
+                cute.AddressSpace.smem,
+                assumed_align=4 * width,
             )
+            cute.arch.store_async_dsmem(target, vector if width > 1 else vector[0], arrived, owner)
         cute.arch.mbarrier_wait(arrived, 0)
         sums = cute.make_tensor(buffer, slot)
         rows, cols = out.shape[0], out.shape[1]
         for i in cutlass.range_constexpr(per_rank):
-            r = i * t.split + rank
-            if r < t.partials_per_thread:
-                total = sums[tidx, i, 0]
+            g = i * t.split + rank
+            if g < groups:
+                total = sums[None, tidx, i, 0].load()
                 for s in cutlass.range_constexpr(1, t.split):
-                    total = total + sums[tidx, i, s]
-                n, m = coords[r]
-                if row0 + n < rows and col0 + m < cols:
-                    out[row0 + n, col0 + m, 0] = total.to(out.element_type)
+                    total = total + sums[None, tidx, i, s].load()
+                for j in cutlass.range_constexpr(width):
+                    n, m = coords[g * width + j]
+                    value = total[j].to(out.element_type)
+                    if row0 + n < rows and col0 + m < cols:
+                        out[row0 + n, col0 + m, 0] = value
