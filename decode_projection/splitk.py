@@ -123,8 +123,8 @@ class SplitKTactic:
 
     @property
     def reduction_vector(self) -> int:
-        """Accumulators per DSMEM store in the split-K reduction: 16-byte stores where
-        every rank still owns a share (scalar stores capped the M >= 96 reductions)."""
+        """Accumulators per DSMEM store in the split-K reduction: 16-byte stores where every
+        rank still owns a share (one 4-byte store per accumulator cost up to 2.7 us at M=256)."""
         for width in (4, 2):
             if self.partials_per_thread // width >= self.split:
                 return width
