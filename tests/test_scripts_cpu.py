@@ -103,3 +103,19 @@ def test_profile_summary_pairs_launches_with_labels(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert "L2 256B" in lines[1] and " 30.00 " in lines[1] and " 1.052 " in lines[1]
     assert "read-only" in lines[2] and " 1.000 " in lines[2] and " 4.40 " in lines[2]
+
+
+def test_compute_profile_labels_ours_and_names_cublas(tmp_path, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))  # it shares profile_cells' number parser
+    profile = load_script("profile_compute_bound")
+    labels = tmp_path / "labels.txt"
+    labels.write_text("8448x7168 M=256 (64,256,1,5,1,1)\n")
+    columns = ",".join(f'"{m}"' for m in profile.METRICS)
+    ncu = tmp_path / "ncu.csv"
+    ncu.write_text('"ID","Kernel Name",' + columns + "\n" + '"","",' + ",".join('""' for _ in profile.METRICS) + "\n"
+                   '"0","kernel_SplitKGemm_x","46,000","88.5","61.2","70.1","1,500,000,000","1,815,000,000"\n'
+                   '"1","sm90_xmma_gemm_bf16","43,900","93.0","40.0","75.0","600,000,000","1,815,000,000"\n')
+    profile.summarize(ncu, labels)
+    lines = capsys.readouterr().out.splitlines()
+    assert "(64,256,1,5,1,1)" in lines[1] and " 46.00 " in lines[1] and " 1815 " in lines[1] and " 88.5 " in lines[1]
+    assert "torch.matmul: sm90_xmma_gemm_bf16" in lines[2] and " 43.90 " in lines[2] and " 0.60" in lines[2]

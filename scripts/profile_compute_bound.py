@@ -1,0 +1,99 @@
+"""What bounds the compute-bound batches (M=256): tensor pipe, L2 or HBM, under Nsight Compute.
+
+On N = 7168 weights every grid of whole weight tiles fills at most 112-114 of
+the 132 SMs, yet 8448 x 7168, whose 132 tiles of 64 rows fill every SM, also
+trails cuBLAS at M=256. A 64 x 256 tile re-reads every activation from L2 once
+per weight tile (about 10 TB/s of L2 reads at the measured times), multicast
+shares those reads but measured slower, and wider weight tiles need a split-K
+reduction. These counters say which resource each tactic saturates, next to
+cuBLAS on the same inputs. Run under ncu, then summarize (or both through
+scripts/gpu-check with PROFILE_COMPUTE=1):
+
+    ncu --clock-control none --profile-from-start off --csv --page raw --print-units base \\
+        --metrics <METRICS, comma-separated> python3 scripts/profile_compute_bound.py --labels labels.txt > ncu.csv
+    python3 scripts/profile_compute_bound.py --summarize ncu.csv --labels labels.txt
+"""
+
+import argparse
+import csv
+import io
+
+from profile_cells import number
+
+CELLS = {
+    (8448, 7168, 256): ((64, 256, 1, 5, 1, 1), (64, 256, 1, 5, 1, 2), (128, 256, 2, 4, 1, 1), (128, 128, 1, 7, 1, 1)),
+    (7168, 14336, 256): ((64, 256, 1, 5, 1, 1), (64, 256, 1, 5, 1, 4), (128, 256, 2, 4, 1, 1), (128, 128, 1, 7, 1, 1)),
+}
+METRICS = (
+    "gpu__time_duration.sum",
+    "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
+    "lts__throughput.avg.pct_of_peak_sustained_elapsed",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "lts__t_bytes.sum",
+    "gpc__cycles_elapsed.avg.per_second",
+)
+OURS = "SplitKGemm"  # in our kernels' names; every other profiled kernel is torch.matmul's
+
+
+def launch_cells(labels_path):
+    """Run every tactic of every cell and then torch.matmul once inside the profiler range; label our launches."""
+    import torch
+
+    from decode_projection.projection import PreparedProjection
+
+    labels, launches, alive = [], [], []
+    for (n, k, batch), tactics in CELLS.items():
+        weight = torch.randn(n, k, device="cuda").to(torch.bfloat16)
+        x = torch.randn(batch, k, device="cuda").to(torch.bfloat16)
+        out = torch.empty(batch, n, device="cuda", dtype=torch.bfloat16)
+        for tactic in tactics:
+            projection = PreparedProjection(weight, {batch: tactic}).prepare()
+            projection.run(x, out)  # outside the range: loads the module before anything is profiled
+            launches.append(lambda projection=projection, x=x, out=out: projection.run(x, out))
+            labels.append(f"{n}x{k} M={batch} {str(tactic).replace(' ', '')}")
+            alive.append(projection)
+        launches.append(lambda weight=weight, x=x: torch.matmul(x, weight.t()))
+        torch.matmul(x, weight.t())
+        alive += [weight, x, out]
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for launch in launches:
+        launch()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    with open(labels_path, "w") as f:
+        f.write("\n".join(labels) + "\n")
+
+
+def summarize(csv_path, labels_path):
+    """One line per profiled kernel: time, SM clock, tensor pipe, L2 and HBM throughput (% of peak), L2 bytes."""
+    with open(labels_path) as f:
+        labels = iter(f.read().splitlines())
+    with open(csv_path) as f:
+        text = f.read()
+    rows = [row for row in csv.DictReader(io.StringIO(text[text.index('"ID"'):])) if row.get("ID", "").isdigit()]
+    print(f"{'kernel':<52} {'us':>7} {'MHz':>5} {'tensor %':>8} {'L2 %':>5} {'HBM %':>6} {'L2 GB':>6}")
+    for row in rows:
+        name = row["Kernel Name"]
+        label = next(labels) if OURS in name else f"  torch.matmul: {name[:36]}"
+        print(f"{label:<52} {number(row[METRICS[0]]) / 1e3:7.2f} {number(row[METRICS[5]]) / 1e6:5.0f} "
+              f"{number(row[METRICS[1]]):8.1f} {number(row[METRICS[2]]):5.1f} {number(row[METRICS[3]]):6.1f} "
+              f"{number(row[METRICS[4]]) / 1e9:6.2f}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--labels", required=True, help="file of our launches' labels, written when profiling")
+    parser.add_argument("--summarize", help="ncu --csv --page raw output to summarize instead of profiling")
+    parser.add_argument("--metrics", action="store_true", help="print the metrics ncu should collect, and exit")
+    args = parser.parse_args()
+    if args.metrics:
+        print(",".join(METRICS))
+    elif args.summarize:
+        summarize(args.summarize, args.labels)
+    else:
+        launch_cells(args.labels)
+
+
+if __name__ == "__main__":
+    main()
