@@ -17,7 +17,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from .splitk import (
-    ACTIVATION_ROWS, BARRIER_BYTES, BOX_K, K_BOXES, MULTICASTS, PORTABLE_CLUSTER, SPLITS, WEIGHT_ROWS, SplitKTactic,
+    ACTIVATION_ROWS, BARRIER_BYTES, BOX_K, K_BOXES, MULTICASTS, PORTABLE_CLUSTER, SPLITS, WEIGHT_ROWS, WGMMA_ROWS,
+    SplitKTactic,
     as_tactic, max_stages,
 )
 
@@ -30,6 +31,7 @@ MIN_STAGES = 3  # one-box stages: shallower pipelines never won a sweep (wide st
 WIDE_STAGE_CANDIDATES = 4  # slots for 2- and 4-box variants of the best one-box tactics
 SHARED_LOAD_CANDIDATES = 2  # slots for the best tactic with its activations multicast to 2 and 4 tiles
 SHARED_LOAD_ROWS = 32  # activation tiles from here on cost enough L2 traffic to share
+COLUMN_GROUP_CANDIDATES = 2  # slots for the best 64-row tactics with two warpgroups splitting the activations
 MOST_CTAS_PER_SM = 6  # enough for a 64-row, split-2 grid of the largest shape to fit in one wave
 RESERVED_SMEM_PER_CTA = 1024  # what the driver keeps per resident CTA on sm_90
 SM_FLOPS_PER_US = 5.1e6  # dense BF16 wgmma per SM as fitted, ~70% of the datasheet 989 TFLOPS / 132
@@ -299,7 +301,10 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     ``order`` pins the split and K boxes; up to SHARED_LOAD_CANDIDATES to the first
     with its activation tile multicast to 2 and 4 weight tiles, from
     SHARED_LOAD_ROWS activation rows on (multicast never changes the sums), unless
-    rounding the tiles up to whole groups would push a one-wave grid into a second.
+    rounding the tiles up to whole groups would push a one-wave grid into a second;
+    and at compute-bound batches up to COLUMN_GROUP_CANDIDATES to the best 64-row
+    tactics with two consumer warpgroups splitting the activation tile (the model
+    cannot tell how busy they keep the tensor pipe: only timing can).
     """
     pick = default_tactic(n, k, batch, gpu, order=order)
     # Ties go to the deeper pipeline: they arise where every CTA has an SM to
@@ -310,7 +315,9 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     family_bests.sort(key=ranked.index)
     chosen = [pick] + family_bests
     chosen += [t for t in ranked if t not in chosen]
-    reserved = SHARED_LOAD_CANDIDATES + (WIDE_STAGE_CANDIDATES if order is None else 0)
+    compute_bound = pick.activation_rows >= COMPUTE_BOUND_ROWS
+    reserved = SHARED_LOAD_CANDIDATES + (WIDE_STAGE_CANDIDATES if order is None else 0) \
+        + (COLUMN_GROUP_CANDIDATES if compute_bound else 0)
     base = chosen[: max(1, limit - reserved)]
     wide = []
     if order is None:
@@ -320,8 +327,12 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     if base[0].activation_rows >= SHARED_LOAD_ROWS:
         shared = [replace(base[0], multicast=group) for group in MULTICASTS[1:]]
         shared = [t for t in shared if t.valid and fits_like(t, base[0], n, batch, gpu)]
+    columns = []
+    if compute_bound:
+        columns = [replace(t, column_groups=2) for t in chosen if t.weight_rows == WGMMA_ROWS]
+        columns = [t for t in columns if t.valid][:COLUMN_GROUP_CANDIDATES]
     rest = [t for t in chosen if t not in base]
-    return (base + wide + shared + rest)[:limit]
+    return (base + wide + shared + columns + rest)[:limit]
 
 
 def resolve_policies(n, k, batches, *, gpu: GpuSpec, weight_dtype, output_dtype, batch_invariant=False,

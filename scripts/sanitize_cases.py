@@ -1,5 +1,6 @@
 """A few small projections for compute-sanitizer (memcheck, racecheck): split 1, 2, 4 and 8; 1, 2 and 4 K boxes;
-activations multicast to 2 and 4 weight tiles; 64, 128 and 192 weight rows (the last with 256 activation rows too)."""
+activations multicast to 2 and 4 weight tiles; 64, 128 and 192 weight rows (the last with 256 activation rows too);
+two consumer warpgroups splitting the activation tile."""
 
 import torch
 
@@ -23,6 +24,9 @@ CASES = [
     # A producer warpgroup that hands its registers to three consumer warpgroups (256 activation rows).
     (SplitKTactic(192, 256, 4, 4), 400, 1544, 200),
     (SplitKTactic(192, 256, 1, 4, 1, 2), 500, 1000, 256),
+    # Two consumer warpgroups splitting the activation tile, alone and with split K.
+    (SplitKTactic(64, 256, 1, 4, 1, 1, 2), 200, 1000, 256),
+    (SplitKTactic(64, 128, 4, 3, 1, 1, 2), 136, 1544, 100),
 ]
 
 for tactic, n, k, batch in CASES:

@@ -38,8 +38,15 @@ GRID += [
     SplitKTactic(64, 32, 4, 4, 2, 2), SplitKTactic(128, 256, 1, 2, 1, 4), SplitKTactic(64, 16, 2, 6, 1, 2),
 ]
 
+# Two consumer warpgroups splitting the activation tile of a 64-row weight tile: with split K (a reduction
+# over 256 threads of half-tile accumulators), multicast, wide stages and partly filled batches.
+GRID += [
+    SplitKTactic(64, 256, 1, 5, 1, 1, 2), SplitKTactic(64, 128, 2, 4, 1, 1, 2), SplitKTactic(64, 192, 3, 3, 1, 1, 2),
+    SplitKTactic(64, 256, 2, 4, 1, 2, 2), SplitKTactic(64, 128, 1, 3, 2, 1, 2), SplitKTactic(64, 256, 8, 2, 1, 1, 2),
+]
+
 
 def tactic_id(tactic: SplitKTactic) -> str:
-    """A short test id: w<weight rows>-a<activation rows>-s<split>-st<stages>-kb<k boxes>-mc<multicast>."""
+    """A short test id: w<weight rows>-a<activation rows>-s<split>-st<stages>-kb<k boxes>-mc<multicast>-cg<column groups>."""
     return (f"w{tactic.weight_rows}-a{tactic.activation_rows}-s{tactic.split}-st{tactic.stages}"
-            f"-kb{tactic.k_boxes}-mc{tactic.multicast}")
+            f"-kb{tactic.k_boxes}-mc{tactic.multicast}-cg{tactic.column_groups}")

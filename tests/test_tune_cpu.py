@@ -120,9 +120,9 @@ def test_the_current_tables_tactics_are_timed_too(fake_gpu, monkeypatch, tmp_pat
         tables[key] = {1: tactic}
     tuning.tune([(1536, 128)], [1, 2], limit=1, timings_path=tmp_path / "timings.json", incumbents=tables)
     rows = json.loads((tmp_path / "timings.json").read_text())
-    timed = {row["batch"]: {tuple(t[0]) for t in row["timed"]} for row in rows}
-    assert timed[1] == {(64, 8, 8, 3, 1, 1), (128, 8, 1, 6, 1, 1), (64, 8, 2, 4, 1, 1)}
-    assert timed[2] == {(64, 8, 8, 3, 1, 1)}  # no table entry for batch 2
+    timed = {row["batch"]: {SplitKTactic(*t[0]) for t in row["timed"]} for row in rows}
+    assert timed[1] == {SplitKTactic(64, 8, 8, 3), incumbent, invariant_incumbent}
+    assert timed[2] == {SplitKTactic(64, 8, 8, 3)}  # no table entry for batch 2
 
 
 def test_the_invariant_order_is_the_one_closest_to_each_batchs_best():
