@@ -64,6 +64,13 @@ def launch_cells(labels_path):
         labels.append(f"{n}x{k} read-only kernel")
         alive += [weight, x, out, projection]
     launches[-1]()  # the read-only kernel's module, too
+    profile(launches, labels, labels_path)
+
+
+def profile(launches, labels, labels_path):
+    """Run each launch once inside the profiler range, then write the labels, one per line."""
+    import torch
+
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
     for launch in launches:
@@ -74,14 +81,19 @@ def launch_cells(labels_path):
         f.write("\n".join(labels) + "\n")
 
 
+def ncu_rows(csv_path):
+    """The profiled launches of an ``ncu --csv --page raw`` output, as dicts by column (units row dropped)."""
+    with open(csv_path) as f:
+        text = f.read()
+    rows = csv.DictReader(io.StringIO(text[text.index('"ID"'):]))
+    return [row for row in rows if row.get("ID", "").isdigit()]
+
+
 def summarize(csv_path, labels_path):
     """One line per launch: time, DRAM bytes read over the weight's, effective TB/s, L2 read hit rate."""
     with open(labels_path) as f:
         labels = f.read().splitlines()
-    with open(csv_path) as f:
-        text = f.read()
-    rows = list(csv.DictReader(io.StringIO(text[text.index('"ID"'):])))
-    rows = [row for row in rows if row.get("ID", "").isdigit()]  # drop the units row
+    rows = ncu_rows(csv_path)
     if len(rows) != len(labels):
         raise SystemExit(f"{len(rows)} profiled launches, {len(labels)} labels")
     print(f"{'launch':<58} {'us':>7} {'DRAM read / weight':>18} {'TB/s':>6} {'L2 hit %':>8}")

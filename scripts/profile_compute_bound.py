@@ -15,10 +15,8 @@ scripts/gpu-check with PROFILE_COMPUTE=1):
 """
 
 import argparse
-import csv
-import io
 
-from profile_cells import number
+from profile_cells import ncu_rows, number, profile
 
 CELLS = {
     (8448, 7168, 256): ((64, 256, 1, 5, 1, 1), (64, 256, 1, 5, 1, 2), (128, 256, 2, 4, 1, 1), (128, 128, 1, 7, 1, 1)),
@@ -55,23 +53,14 @@ def launch_cells(labels_path):
         launches.append(lambda weight=weight, x=x: torch.matmul(x, weight.t()))
         torch.matmul(x, weight.t())
         alive += [weight, x, out]
-    torch.cuda.synchronize()
-    torch.cuda.profiler.start()
-    for launch in launches:
-        launch()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
-    with open(labels_path, "w") as f:
-        f.write("\n".join(labels) + "\n")
+    profile(launches, labels, labels_path)
 
 
 def summarize(csv_path, labels_path):
     """One line per profiled kernel: time, SM clock, tensor pipe, L2 and HBM throughput (% of peak), L2 bytes."""
     with open(labels_path) as f:
         labels = iter(f.read().splitlines())
-    with open(csv_path) as f:
-        text = f.read()
-    rows = [row for row in csv.DictReader(io.StringIO(text[text.index('"ID"'):])) if row.get("ID", "").isdigit()]
+    rows = ncu_rows(csv_path)
     print(f"{'kernel':<52} {'us':>7} {'MHz':>5} {'tensor %':>8} {'L2 %':>5} {'HBM %':>6} {'L2 GB':>6}")
     for row in rows:
         name = row["Kernel Name"]

@@ -106,7 +106,7 @@ def test_profile_summary_pairs_launches_with_labels(tmp_path, capsys):
 
 
 def test_compute_profile_labels_ours_and_names_cublas(tmp_path, capsys, monkeypatch):
-    monkeypatch.syspath_prepend(str(SCRIPTS))  # it shares profile_cells' number parser
+    monkeypatch.syspath_prepend(str(SCRIPTS))  # it shares profile_cells' helpers
     profile = load_script("profile_compute_bound")
     labels = tmp_path / "labels.txt"
     labels.write_text("8448x7168 M=256 (64,256,1,5,1,1)\n")
