@@ -18,8 +18,7 @@ import torch
 
 from .splitk import (
     ACTIVATION_ROWS, BARRIER_BYTES, BOX_K, K_BOXES, MULTICASTS, PORTABLE_CLUSTER, SPLITS, WEIGHT_ROWS, WGMMA_ROWS,
-    SplitKTactic,
-    as_tactic, max_stages,
+    SplitKTactic, as_tactic, max_stages,
 )
 
 MIN_K_TILES_PER_CTA = 4  # fewer and the pipeline never fills

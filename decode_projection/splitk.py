@@ -16,8 +16,8 @@ once. The kernel is shaped around that:
 * A producer warp keeps ``stages`` tiles in flight through an mbarrier
   pipeline (a stage holds 1, 2 or 4 TMA boxes of 64 K); one consumer
   warpgroup per 64 weight rows issues wgmma, keeping one group in flight (or
-  two that split a large activation tile, so the tensor pipe never waits on
-  one warpgroup's barriers).
+  two that split a large activation tile, so that one's barrier waits overlap
+  the other's wgmmas).
   Where the accumulators outgrow an even share of the register file (three
   warpgroups of 256 activation rows), the producer is a whole warpgroup that
   hands its registers to the consumers (setmaxnreg).
@@ -47,8 +47,9 @@ K_BOXES = (1, 2, 4)  # boxes per stage along K: 128, 256 or 512 contiguous bytes
 WGMMA_ROWS = 64  # weight rows per consumer warpgroup (wgmma M)
 WEIGHT_ROWS = (64, 128, 192)  # one to three consumer warpgroups
 # Consumer warpgroups that share one 64-row weight tile, each owning a slice of the activation
-# tile: while one waits on its barriers and releases, the other's wgmmas keep the tensor pipe
-# busy (one warpgroup kept it 64-70% busy at M=256, cuBLAS 83-87%).
+# tile, so one's barrier waits overlap the other's wgmmas (one warpgroup kept the tensor pipe
+# 64-70% busy at M=256, cuBLAS 83-87%). Two won at K <= 3584 and lost 10-40% at K >= 7168 on
+# the H200: the tuner keeps them where they win.
 COLUMN_GROUPS = (1, 2)
 # Three warpgroups of 256 activation rows need ~155 registers per consumer thread. Each quarter
 # of an SM has 16384 registers for one warp of every warpgroup: with a producer warp that caps
