@@ -48,8 +48,8 @@ WGMMA_ROWS = 64  # weight rows per consumer warpgroup (wgmma M)
 WEIGHT_ROWS = (64, 128, 192)  # one to three consumer warpgroups
 # Consumer warpgroups that share one 64-row weight tile, each owning a slice of the activation
 # tile, so one's barrier waits overlap the other's wgmmas (one warpgroup kept the tensor pipe
-# 64-70% busy at M=256, cuBLAS 83-87%). Two won at K <= 3584 and lost 10-40% at K >= 7168 on
-# the H200: the tuner keeps them where they win.
+# 64-70% busy at M=256, cuBLAS 83-87%). On the H200 two won where K <= 3584 and on 2112 x 7168,
+# and lost up to 40% on the largest weights: the tuner keeps them where they win.
 COLUMN_GROUPS = (1, 2)
 # Three warpgroups of 256 activation rows need ~155 registers per consumer thread. Each quarter
 # of an SM has 16384 registers for one warp of every warpgroup: with a producer warp that caps
