@@ -46,8 +46,6 @@ def key_of(entry: dict) -> TableKey:
     )
 
 
-
-
 def read_entries(path) -> list[dict]:
     """The entries of one JSON table file as written, after its format check."""
     document = json.loads(Path(path).read_text())

@@ -2,11 +2,11 @@
 
 On N = 7168 weights every grid of whole weight tiles fills at most 112-114 of
 the 132 SMs, yet 8448 x 7168, whose 132 tiles of 64 rows fill every SM, also
-trails cuBLAS at M=256. A 64 x 256 tile re-reads every activation from L2 once
-per weight tile (about 10 TB/s of L2 reads at the measured times), multicast
-shares those reads but measured slower, and wider weight tiles need a split-K
-reduction. These counters say which resource each tactic saturates, next to
-cuBLAS on the same inputs. Run under ncu, then summarize (or both through
+trails cuBLAS at M=256. Candidates: a 64 x 256 tile re-reads every activation
+from L2 once per weight tile, multicast shares those reads but measured slower,
+wider weight tiles need a split-K reduction. These counters say which resource
+each tactic saturates, next to cuBLAS on the same inputs (on the H200: none;
+the tensor pipe is 64-70% busy against cuBLAS's 83-87%, docs/performance.md v12). Run under ncu, then summarize (or both through
 scripts/gpu-check with PROFILE_COMPUTE=1):
 
     ncu --clock-control none --profile-from-start off --csv --page raw --print-units base \\
