@@ -20,6 +20,7 @@ from .checks import Reference
 from .policies import gpu_spec, resolve_policies
 from .projection import PreparedProjection
 from .runtime import architecture
+from .splitk import as_tactic
 from .timing import cold_copies, foreign_kernel, graph_time_us
 from .warmup import compile_all
 
@@ -137,12 +138,12 @@ def format_tables(cells) -> str:
         measured = "no read ceiling" if ceiling is None else (
             f"read ceiling {ceiling:.2f} us = {n * k * 2 / ceiling / 1e6:.2f} TB/s")
         lines.append(f"\n{n} x {k} ({n * k * 2 / 1e6:.1f} MB; {measured})")
-        lines.append(f"{'batch':>5} {'policy':>15} {'tactic':>18} {'us':>8} {'cuBLAS us':>9} "
+        lines.append(f"{'batch':>5} {'policy':>15} {'tactic':>20} {'us':>8} {'cuBLAS us':>9} "
                      f"{'TB/s':>6} {'of ceil':>7} {'speedup':>7}")
         for c in shape_cells:
             mark = "" if c.source == "table" else "*"
             of_ceiling = "-" if c.of_ceiling is None else f"{c.of_ceiling:.1%}"
-            lines.append(f"{c.batch:>5} {c.policy + mark:>15} {str(c.tactic).replace(' ', ''):>18} "
+            lines.append(f"{c.batch:>5} {c.policy + mark:>15} {as_tactic(c.tactic).label:>20} "
                          f"{c.us:8.2f} {c.cublas_us:9.2f} {c.tbps:6.2f} {of_ceiling:>7} {c.speedup:6.2f}x")
     for kind in dict.fromkeys(c.policy for c in cells):
         ours = [c for c in cells if c.policy == kind]

@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from .splitk import (
-    ACTIVATION_ROWS, BARRIER_BYTES, BOX_K, K_BOXES, MULTICASTS, PORTABLE_CLUSTER, SPLITS, WEIGHT_ROWS, WGMMA_ROWS,
-    SplitKTactic, as_tactic, max_stages,
+    ACTIVATION_ROWS, ACTIVATION_ROWS_AS_A, BARRIER_BYTES, BOX_K, K_BOXES, MULTICASTS, PORTABLE_CLUSTER, SPLITS,
+    WEIGHT_ROWS, WEIGHT_ROWS_AS_B, WGMMA_ROWS, SplitKTactic, as_tactic, max_stages,
 )
 
 MIN_K_TILES_PER_CTA = 4  # fewer and the pipeline never fills
@@ -31,6 +31,7 @@ WIDE_STAGE_CANDIDATES = 4  # slots for 2- and 4-box variants of the best one-box
 SHARED_LOAD_CANDIDATES = 2  # slots for the best tactic with its activations multicast to 2 and 4 tiles
 SHARED_LOAD_ROWS = 32  # activation tiles from here on cost enough L2 traffic to share
 COLUMN_GROUP_CANDIDATES = 2  # slots for the best 64-row tactics with two warpgroups splitting the activations
+WEIGHT_AS_B_CANDIDATES = 4  # slots for the best tactics with the weight as wgmma's B, sized to fill the SMs
 MOST_CTAS_PER_SM = 6  # enough for a 64-row, split-2 grid of the largest shape to fit in one wave
 RESERVED_SMEM_PER_CTA = 1024  # what the driver keeps per resident CTA on sm_90
 SM_FLOPS_PER_US = 5.1e6  # dense BF16 wgmma per SM as fitted, ~70% of the datasheet 989 TFLOPS / 132
@@ -260,6 +261,35 @@ def pool_tactics(batch, k, gpu: GpuSpec = H200, *, order=None):
     return pool
 
 
+def weight_as_b_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> list[SplitKTactic]:
+    """Tactics with the weight as wgmma's B: for each activation tile and split, the narrowest
+    weight tile (a multiple of 8 rows) whose grid of whole clusters fits in the fewest waves, at
+    the deepest pipeline. The best predicted without split K and with it come first (the model
+    has not been fitted to these tactics: both kinds get timed), then the rest by prediction.
+
+    64-row weight tiles leave SMs idle where N / 64 tiles do not divide the SMs (7168 rows fill
+    112 of 132); a weight tile of any multiple of 8 rows can fill them (64 tiles of 112 x 2
+    activation tiles = 128 CTAs).
+    """
+    found = []
+    for acts in ACTIVATION_ROWS_AS_A:
+        m_tiles = math.ceil(batch / acts)
+        for split in [s for s in SPLITS if s <= largest_split(k)]:
+            tiles_per_wave = gpu.clusters_at_once(split) // m_tiles
+            if tiles_per_wave == 0:
+                continue
+            wave = 1
+            while (rows := 8 * math.ceil(n / (8 * wave * tiles_per_wave))) > WEIGHT_ROWS_AS_B[-1]:
+                wave += 1
+            tactic = SplitKTactic(rows, acts, split, max_stages(rows, acts, split), weight_as_b=True)
+            if tactic.stages >= MIN_STAGES and tactic.valid:
+                found.append(tactic)
+    found.sort(key=lambda t: (predicted_time_us(n, k, batch, t, gpu), str(t)))
+    leaders = [t for t in (next((t for t in found if t.split == 1), None),
+                           next((t for t in found if t.split > 1), None)) if t is not None]
+    return leaders + [t for t in found if t not in leaders]
+
+
 def with_k_boxes(tactic: SplitKTactic, k_boxes: int) -> SplitKTactic:
     """``tactic`` with ``k_boxes`` boxes per stage and the same boxes in flight (so no more shared memory)."""
     return replace(tactic, k_boxes=k_boxes, stages=tactic.stages * tactic.k_boxes // k_boxes)
@@ -303,7 +333,10 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     rounding the tiles up to whole groups would push a one-wave grid into a second;
     and at compute-bound batches up to COLUMN_GROUP_CANDIDATES to the best 64-row
     tactics with two consumer warpgroups splitting the activation tile (the model
-    cannot tell how busy they keep the tensor pipe: only timing can).
+    cannot tell how busy they keep the tensor pipe: only timing can), and up to
+    WEIGHT_AS_B_CANDIDATES to tactics with the weight as wgmma's B, unless ``order``
+    pins the summation order (the GPU tests verify batch invariance for the weight
+    as A only).
     """
     pick = default_tactic(n, k, batch, gpu, order=order)
     # Ties go to the deeper pipeline: they arise where every CTA has an SM to
@@ -315,8 +348,11 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     chosen = [pick] + family_bests
     chosen += [t for t in ranked if t not in chosen]
     compute_bound = pick.activation_rows >= COMPUTE_BOUND_ROWS
+    weight_as_b = []
+    if activation_rows_for(batch) >= COMPUTE_BOUND_ROWS and order is None:
+        weight_as_b = weight_as_b_tactics(n, k, batch, gpu)
     reserved = SHARED_LOAD_CANDIDATES + (WIDE_STAGE_CANDIDATES if order is None else 0) \
-        + (COLUMN_GROUP_CANDIDATES if compute_bound else 0)
+        + (COLUMN_GROUP_CANDIDATES if compute_bound else 0) + min(len(weight_as_b), WEIGHT_AS_B_CANDIDATES)
     base = chosen[: max(1, limit - reserved)]
     wide = []
     if order is None:
@@ -331,7 +367,7 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
         columns = [replace(t, column_groups=2) for t in chosen if t.weight_rows == WGMMA_ROWS]
         columns = [t for t in columns if t.valid][:COLUMN_GROUP_CANDIDATES]
     rest = [t for t in chosen if t not in base]
-    return (base + wide + shared + columns + rest)[:limit]
+    return (base + wide + shared + columns + weight_as_b[:WEIGHT_AS_B_CANDIDATES] + rest)[:limit]
 
 
 def resolve_policies(n, k, batches, *, gpu: GpuSpec, weight_dtype, output_dtype, batch_invariant=False,

@@ -21,6 +21,12 @@ once. The kernel is shaped around that:
   Where the accumulators outgrow an even share of the register file (three
   warpgroups of 256 activation rows), the producer is a whole warpgroup that
   hands its registers to the consumers (setmaxnreg).
+* At compute-bound batches the tactic may turn the operands back
+  (``weight_as_b``): the activations are wgmma's A (64 rows per consumer
+  warpgroup) and the weight is B, in tiles of any multiple of 8 rows up to
+  256. A weight tile that need not be a multiple of 64 rows lets the grid fill
+  the SMs (7168 rows: 64 tiles of 112 x 2 activation tiles = 128 CTAs, where
+  64-row tiles give 112), the trade cuBLAS makes at these batches.
 * Split K across the ``split`` CTAs of a thread-block cluster (short N, long K
   needs more CTAs than N tiles to fill 132 SMs). Partial sums are reduced
   through distributed shared memory in a fixed rank order: no atomics, no
@@ -51,6 +57,10 @@ WEIGHT_ROWS = (64, 128, 192)  # one to three consumer warpgroups
 # 64-70% busy at M=256, cuBLAS 83-87%). On the H200 two won where K <= 3584 and on 2112 x 7168,
 # and lost up to 40% on the largest weights: the tuner keeps them where they win.
 COLUMN_GROUPS = (1, 2)
+# With the weight as wgmma's B: activation tiles of one or two warpgroups of 64 rows, and weight
+# tiles of any wgmma N (a multiple of 8 up to 256, also the TMA box's limit).
+ACTIVATION_ROWS_AS_A = (64, 128)
+WEIGHT_ROWS_AS_B = tuple(range(8, 257, 8))
 # Three warpgroups of 256 activation rows need ~155 registers per consumer thread. Each quarter
 # of an SM has 16384 registers for one warp of every warpgroup: with a producer warp that caps
 # threads at 128; a producer warpgroup keeping 32 lets the consumers have 160 (32 + 3 x 160 = 512).
@@ -69,8 +79,9 @@ BARRIER_BYTES = 1024  # mbarriers, rounded up to the 1024-byte tile alignment
 @dataclass(frozen=True)
 class SplitKTactic:
     """One kernel configuration: weight rows per CTA, activation rows per CTA, split K, stages,
-    TMA boxes per stage along K, how many weight tiles share each activation load, and how many
-    consumer warpgroups split the activation tile between them."""
+    TMA boxes per stage along K, how many weight tiles share each activation load, how many
+    consumer warpgroups split the activation tile between them, and whether the weight is
+    wgmma's B operand (activations A) instead of A."""
 
     weight_rows: int
     activation_rows: int
@@ -79,6 +90,14 @@ class SplitKTactic:
     k_boxes: int = 1
     multicast: int = 1
     column_groups: int = 1
+    weight_as_b: bool = False
+
+    @property
+    def label(self) -> str:
+        """The tactic's numbers in one token, ending in ``B`` where the weight is wgmma's B."""
+        numbers = [self.weight_rows, self.activation_rows, self.split, self.stages, self.k_boxes, self.multicast,
+                   self.column_groups]
+        return "(" + ",".join(map(str, numbers)) + (",B)" if self.weight_as_b else ")")
 
     @property
     def tile_k(self) -> int:
@@ -96,24 +115,26 @@ class SplitKTactic:
 
     @property
     def tile_mnk(self) -> tuple[int, int, int]:
-        """The CTA tile: (weight rows, activation rows, K)."""
+        """The CTA tile as wgmma sees it: (A rows, B rows, K)."""
+        if self.weight_as_b:
+            return (self.activation_rows, self.weight_rows, self.tile_k)
         return (self.weight_rows, self.activation_rows, self.tile_k)
 
     @property
     def consumer_groups(self) -> int:
-        """Consumer warpgroups: ``column_groups`` per 64 weight rows."""
-        return self.weight_rows // WGMMA_ROWS * self.column_groups
+        """Consumer warpgroups: one per 64 rows of A, times ``column_groups``."""
+        return self.tile_mnk[0] // WGMMA_ROWS * self.column_groups
 
     @property
     def reallocates_registers(self) -> bool:
         """True where the consumers need more registers than an even share (see CONSUMER_REGISTERS)."""
-        return self.consumer_groups == 3 and self.activation_rows > 192
+        return self.consumer_groups == 3 and self.tile_mnk[1] > 192
 
     @property
     def wgmma_columns(self) -> int:
-        """wgmma N: the activation tile, or half of it where registers are reallocated (ptxas
-        fits each instruction's accumulators in the 128 registers every thread starts with)."""
-        columns = self.activation_rows // self.column_groups
+        """wgmma N: B's tile, or half of it where registers are reallocated (ptxas fits each
+        instruction's accumulators in the 128 registers every thread starts with)."""
+        columns = self.tile_mnk[1] // self.column_groups
         return columns // 2 if self.reallocates_registers else columns
 
     @property
@@ -128,8 +149,8 @@ class SplitKTactic:
 
     @property
     def partials_per_thread(self) -> int:
-        """FP32 accumulators each consumer thread holds (64 weight rows x its activation columns over 128 threads)."""
-        return self.activation_rows // self.column_groups // 2
+        """FP32 accumulators each consumer thread holds (64 rows of A x its columns of B over 128 threads)."""
+        return self.tile_mnk[1] // self.column_groups // 2
 
     @property
     def reduction_vector(self) -> int:
@@ -161,10 +182,12 @@ class SplitKTactic:
     def problems(self) -> list[str]:
         """Why this tactic cannot run (empty when it can): the one validity predicate."""
         found = []
-        if self.weight_rows not in WEIGHT_ROWS:
-            found.append(f"weight rows {self.weight_rows} not in {WEIGHT_ROWS}")
-        if self.activation_rows not in ACTIVATION_ROWS:
-            found.append(f"activation rows {self.activation_rows} not in {ACTIVATION_ROWS}")
+        weight_rows = WEIGHT_ROWS_AS_B if self.weight_as_b else WEIGHT_ROWS
+        activation_rows = ACTIVATION_ROWS_AS_A if self.weight_as_b else ACTIVATION_ROWS
+        if self.weight_rows not in weight_rows:
+            found.append(f"weight rows {self.weight_rows} not in {weight_rows}")
+        if self.activation_rows not in activation_rows:
+            found.append(f"activation rows {self.activation_rows} not in {activation_rows}")
         if self.split not in SPLITS:
             found.append(f"split {self.split} not in {SPLITS}")
         if self.stages < 2:
@@ -181,7 +204,7 @@ class SplitKTactic:
             found.append(f"cluster of split {self.split} x multicast {self.multicast} > {PORTABLE_CLUSTER} CTAs")
         if self.activation_rows % (8 * self.multicast):
             found.append(f"{self.activation_rows} activation rows do not split into {self.multicast} loads of 8n rows")
-        if self.column_groups > 1 and (self.weight_rows != WGMMA_ROWS or self.activation_rows < 128):
+        if self.column_groups > 1 and (self.weight_as_b or self.weight_rows != WGMMA_ROWS or self.activation_rows < 128):
             found.append("column groups split only 64-row weight tiles of 128 or more activation rows")
         if self.smem_bytes > SMEM_CAPACITY:
             found.append(f"{self.smem_bytes} B of shared memory > {SMEM_CAPACITY}")
@@ -200,7 +223,7 @@ class SplitKTactic:
 
 def as_tactic(tactic) -> SplitKTactic:
     """A SplitKTactic from a tactic or a (weight rows, activation rows, split, stages[, k boxes[, multicast[,
-    column groups]]]) tuple."""
+    column groups[, weight as b]]]]) tuple."""
     tactic = tactic if isinstance(tactic, SplitKTactic) else SplitKTactic(*tactic)
     problems = tactic.problems()
     if problems:
@@ -247,12 +270,13 @@ class SplitKGemm:
             cute.nvgpu.OperandMajorMode.K,
             cute.nvgpu.OperandMajorMode.K,
             cutlass.Float32,
-            (t.weight_rows // WGMMA_ROWS, t.column_groups, 1),
+            (t.tile_mnk[0] // WGMMA_ROWS, t.column_groups, 1),
             tiler_mn=(WGMMA_ROWS, t.wgmma_columns),
         )
         k_major = utils.LayoutEnum.ROW_MAJOR
-        weight_smem = sm90_utils.make_smem_layout_a(k_major, t.tile_mnk, operand, t.stages)
-        act_smem = sm90_utils.make_smem_layout_b(k_major, t.tile_mnk, operand, t.stages)
+        a_smem = sm90_utils.make_smem_layout_a(k_major, t.tile_mnk, operand, t.stages)
+        b_smem = sm90_utils.make_smem_layout_b(k_major, t.tile_mnk, operand, t.stages)
+        weight_smem, act_smem = (b_smem, a_smem) if t.weight_as_b else (a_smem, b_smem)
         act_tma, act_coords = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SMulticastOp() if t.multicast > 1 else cpasync.CopyBulkTensorTileG2SOp(),
             activations,
@@ -346,9 +370,10 @@ class SplitKGemm:
                 # Only the first warp loads; its registers go to the consumers.
                 cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
             if warp == self.producer_warp:
-                g_act = cute.local_tile(
-                    act_coords, t.tile_mnk, (n_tile, m_tile, None, 0), proj=(None, 1, 1)
-                )
+                if cutlass.const_expr(t.weight_as_b):
+                    g_act = cute.local_tile(act_coords, t.tile_mnk, (m_tile, n_tile, None, 0), proj=(1, None, 1))
+                else:
+                    g_act = cute.local_tile(act_coords, t.tile_mnk, (n_tile, m_tile, None, 0), proj=(None, 1, 1))
                 # Each sharer loads 1/multicast of the activation rows into every sharer.
                 t_act_smem, t_act_global = cpasync.tma_partition(
                     act_tma,
@@ -402,15 +427,13 @@ class SplitKGemm:
                 cute.arch.setmaxregister_increase(CONSUMER_REGISTERS)
             group = warp // 4
             mma_group = tiled_mma.get_slice(group * 128)
-            frag_weight = tiled_mma.make_fragment_A(mma_group.partition_A(s_weight))
-            frag_act = tiled_mma.make_fragment_B(mma_group.partition_B(s_act))
-            acc = cute.make_rmem_tensor(
-                mma_group.partition_shape_C((t.weight_rows, t.activation_rows)),
-                cutlass.Float32,
-            )
+            s_a, s_b = (s_act, s_weight) if t.weight_as_b else (s_weight, s_act)
+            frag_a = tiled_mma.make_fragment_A(mma_group.partition_A(s_a))
+            frag_b = tiled_mma.make_fragment_B(mma_group.partition_B(s_b))
+            acc = cute.make_rmem_tensor(mma_group.partition_shape_C(t.tile_mnk[:2]), cutlass.Float32)
             acc.fill(0.0)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-            k_blocks = cute.size(frag_weight, mode=[2])
+            k_blocks = cute.size(frag_a, mode=[2])
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.stages)
             # One wgmma group stays in flight: a stage is released once the group
             # after it has been issued, so the tensor cores never wait on the
@@ -423,8 +446,8 @@ class SplitKGemm:
                     cute.gemm(
                         tiled_mma,
                         acc,
-                        frag_weight[(None, None, kb, state.index)],
-                        frag_act[(None, None, kb, state.index)],
+                        frag_a[(None, None, kb, state.index)],
+                        frag_b[(None, None, kb, state.index)],
                         acc,
                     )
                 warpgroup.commit_group()
@@ -441,20 +464,23 @@ class SplitKGemm:
             cute.arch.griddepcontrol_launch_dependents()
             cute.arch.griddepcontrol_wait()
 
-            # Each accumulator's (weight row, activation row) in this CTA's tile.
-            coords = tiled_mma.get_slice(tidx).partition_C(
-                cute.make_identity_tensor((t.weight_rows, t.activation_rows))
-            )
+            # Each accumulator's (A row, B row) in this CTA's tile.
+            coords = tiled_mma.get_slice(tidx).partition_C(cute.make_identity_tensor(t.tile_mnk[:2]))
             row0 = n_tile * t.weight_rows
             col0 = m_tile * t.activation_rows
             rows, cols = out.shape[0], out.shape[1]
             if cutlass.const_expr(t.split == 1):
                 for r in cutlass.range_constexpr(cute.size(acc)):
-                    n, m = coords[r]
+                    n, m = self.output_index(coords[r])
                     if row0 + n < rows and col0 + m < cols:
                         out[row0 + n, col0 + m, 0] = acc[r].to(out.element_type)
             else:
                 self.reduce_across_cluster(acc, coords, rank, sharer, storage, out, row0, col0)
+
+    def output_index(self, coord):
+        """(weight row, activation row) of an accumulator's (A row, B row) in the tile."""
+        a_row, b_row = coord
+        return (b_row, a_row) if self.tactic.weight_as_b else (a_row, b_row)
 
     def sharing_layout(self):
         """Who fills whose pipeline stages, for the pipeline's release signals.
@@ -553,7 +579,7 @@ class SplitKGemm:
                 for s in cutlass.range_constexpr(1, t.split):
                     total = total + sums[None, tidx, i, s].load()
                 for j in cutlass.range_constexpr(width):
-                    n, m = coords[g * width + j]
+                    n, m = self.output_index(coords[g * width + j])
                     value = total[j].to(out.element_type)
                     if row0 + n < rows and col0 + m < cols:
                         out[row0 + n, col0 + m, 0] = value

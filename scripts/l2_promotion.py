@@ -12,7 +12,6 @@ so a difference below the rounds' spread reads as noise.
 
 import argparse
 import statistics
-from dataclasses import astuple
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -61,7 +60,7 @@ def main():
         tactic, times = time_cell(n, k, batch, args.rounds)
         spans = {name: f"{statistics.median(t):.2f} ({min(t):.2f}-{max(t):.2f})" for name, t in times.items()}
         ratio = statistics.median(times["128B"]) / statistics.median(times["256B"])
-        label = str(astuple(tactic)).replace(" ", "")
+        label = tactic.label
         print(f"{n}x{k} M={batch:<8} {label:<20}" + "".join(f"{s:>20}" for s in spans.values()) + f"{ratio:11.3f}")
 
 

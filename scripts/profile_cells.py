@@ -27,7 +27,6 @@ METRICS = ("gpu__time_duration.sum", "dram__bytes_read.sum", "lts__t_sector_op_r
 
 def launch_cells(labels_path):
     """Run every cell's kernels once inside the profiler range; write one label per launch, in order."""
-    from dataclasses import astuple
 
     import cuda.bindings.driver as cuda
     import cutlass
@@ -59,7 +58,7 @@ def launch_cells(labels_path):
 
             launch()  # outside the range: loads the module before anything is profiled
             launches.append(launch)
-            labels.append(f"{n}x{k} M={batch} {str(astuple(tactic)).replace(' ', '')} {name}")
+            labels.append(f"{n}x{k} M={batch} {tactic.label} {name}")
         launches.append(lambda weight=weight: stream_read(weight))
         labels.append(f"{n}x{k} read-only kernel")
         alive += [weight, x, out, projection]

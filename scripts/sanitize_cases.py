@@ -1,6 +1,6 @@
 """A few small projections for compute-sanitizer (memcheck, racecheck): split 1, 2, 4 and 8; 1, 2 and 4 K boxes;
 activations multicast to 2 and 4 weight tiles; 64, 128 and 192 weight rows (the last with 256 activation rows too);
-two consumer warpgroups splitting the activation tile."""
+two consumer warpgroups splitting the activation tile; the weight as wgmma's B."""
 
 import torch
 
@@ -27,6 +27,9 @@ CASES = [
     # Two consumer warpgroups splitting the activation tile, alone and with split K.
     (SplitKTactic(64, 256, 1, 4, 1, 1, 2), 200, 1000, 256),
     (SplitKTactic(64, 128, 4, 3, 1, 1, 2), 136, 1544, 100),
+    # The weight as wgmma's B in tiles that are not a multiple of 64 rows: alone, with split K and multicast.
+    (SplitKTactic(112, 128, 1, 4, 1, 1, 1, True), 300, 1000, 200),
+    (SplitKTactic(40, 64, 3, 4, 2, 2, 1, True), 136, 1544, 100),
 ]
 
 for tactic, n, k, batch in CASES:

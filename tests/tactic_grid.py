@@ -45,8 +45,20 @@ GRID += [
     SplitKTactic(64, 256, 2, 4, 1, 2, 2), SplitKTactic(64, 128, 1, 3, 2, 1, 2), SplitKTactic(64, 256, 8, 2, 1, 1, 2),
 ]
 
+# The weight as wgmma's B (activations A, one or two warpgroups of 64 rows), in weight tiles of any multiple
+# of 8 rows: ragged N tiles, split K with uneven slices, multicast, wide stages, the narrowest and widest tiles.
+GRID += [
+    SplitKTactic(rows, acts, split, stages, boxes, multicast, 1, True)
+    for rows, acts, split, stages, boxes, multicast in (
+        (112, 128, 1, 4, 1, 1), (96, 64, 2, 4, 1, 1), (256, 128, 1, 3, 1, 1), (8, 64, 3, 4, 2, 1),
+        (112, 128, 2, 4, 1, 2), (40, 128, 1, 5, 1, 4), (56, 64, 4, 3, 4, 1), (200, 128, 7, 3, 1, 1),
+        (24, 128, 1, 11, 1, 1),
+    )
+]
+
 
 def tactic_id(tactic: SplitKTactic) -> str:
-    """A short test id: w<weight rows>-a<activation rows>-s<split>-st<stages>-kb<k boxes>-mc<multicast>-cg<column groups>."""
+    """A short test id: w<weight rows>-a<activation rows>-s<split>-st<stages>-kb<k boxes>-mc<multicast>-cg<column
+    groups>, and -wb where the weight is wgmma's B."""
     return (f"w{tactic.weight_rows}-a{tactic.activation_rows}-s{tactic.split}-st{tactic.stages}"
-            f"-kb{tactic.k_boxes}-mc{tactic.multicast}-cg{tactic.column_groups}")
+            f"-kb{tactic.k_boxes}-mc{tactic.multicast}-cg{tactic.column_groups}{'-wb' if tactic.weight_as_b else ''}")

@@ -71,11 +71,12 @@ def test_weight_row_slice_of_wider_buffer():
     assert_close_to_reference(out, x, weight, label="weight slice")
 
 
-@pytest.mark.parametrize("split", [1, 4, 8])
-def test_bitwise_identical_run_to_run(split):
+@pytest.mark.parametrize("tactic", [SplitKTactic(64, 32, split, 4) for split in (1, 4, 8)]
+                         + [SplitKTactic(96, 64, 4, 4, weight_as_b=True)], ids=tactic_id)
+def test_bitwise_identical_run_to_run(tactic):
     weight = torch.randn(1536, 7168, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(32, 7168, device="cuda", dtype=torch.bfloat16)
-    projection = PreparedProjection(weight, {32: SplitKTactic(64, 32, split, 4)}).prepare()
+    projection = PreparedProjection(weight, {32: tactic}).prepare()
     first = projection.run(x, torch.empty(32, 1536, device="cuda", dtype=torch.bfloat16)).clone()
     for _ in range(20):
         again = projection.run(x, torch.full_like(first, float("nan")))

@@ -10,7 +10,7 @@ import torch
 from decode_projection import policies, tables
 from decode_projection.policies import (
     COMPUTE_BOUND_ROWS, H200, activation_rows_for, activation_tile_choices, candidate_tactics, default_policies,
-    default_tactic, predicted_time_us, resolve_policies, with_k_boxes,
+    default_tactic, grid_ctas, predicted_time_us, resolve_policies, waves, weight_as_b_tactics, with_k_boxes,
 )
 from decode_projection.splitk import SplitKTactic
 from decode_projection.workload import DECODE_BATCHES, KIMI_K3_SHAPES
@@ -175,11 +175,25 @@ def test_wide_stage_candidates_keep_shared_memory_and_cover_k():
     assert with_k_boxes(narrow, 4).smem_bytes <= narrow.smem_bytes
 
 
+def test_weight_as_b_candidates_fill_the_sms_at_compute_bound_batches_only():
+    for (n, k) in KIMI_K3_SHAPES:
+        for batch in (1, 64):
+            assert not any(t.weight_as_b for t in candidate_tactics(n, k, batch, limit=16))
+        for batch in (96, 256):
+            found = [t for t in candidate_tactics(n, k, batch, limit=16) if t.weight_as_b]
+            assert found and all(t.valid for t in found), f"{n}x{k} M={batch}"
+    # 7168 rows at 256: 64 tiles of 112 rows x 2 activation tiles, one wave, where 64-row tiles fill 112 SMs.
+    best_unsplit = weight_as_b_tactics(7168, 14336, 256)[0]
+    assert (best_unsplit.weight_rows, best_unsplit.activation_rows, best_unsplit.split) == (112, 128, 1)
+    assert grid_ctas(best_unsplit, 7168, 256) == 128 and waves(best_unsplit, 7168, 256) == 1
+
+
 def test_pinned_summation_order_is_kept_for_every_batch():
     for batch in (1, 64, 256):
         pick = default_tactic(2112, 7168, batch, order=(2, 4))
         assert pick.valid and pick.summation_order == (2, 4)
-        assert {t.summation_order for t in candidate_tactics(2112, 7168, batch, limit=6, order=(2, 4))} == {(2, 4)}
+        pinned = candidate_tactics(2112, 7168, batch, limit=6, order=(2, 4))
+        assert {t.summation_order for t in pinned} == {(2, 4)} and not any(t.weight_as_b for t in pinned)
 
 
 def test_batch_invariant_table_mixing_k_boxes_is_refused(tmp_path):
