@@ -4,7 +4,8 @@ A decode weight of tens of MB fits in the H200's 60 MB L2, so timing one weight
 in a loop measures the cache. Every timed launch here reads a different copy of
 the weight, rotating through enough copies to exceed 3x the L2; the launches
 are captured in one CUDA graph so launch gaps do not pollute the numbers, and
-the median over repeated replays is reported per launch.
+the median over repeated replays is reported per launch. Launches that are
+compared with each other are replayed in turn, round by round.
 """
 
 import math
@@ -19,8 +20,8 @@ def cold_copies(weight_bytes: int, device=None) -> int:
     return max(2, math.ceil(3 * l2 / weight_bytes) + 1)
 
 
-def _replay_median_us(launch, copies: int, repeats: int) -> float:
-    """Median microseconds per ``launch(i)`` over graph replays rotating ``copies``."""
+def _captured(launch, copies: int):
+    """(graph, launches): ``launch(i)`` captured rotating ``copies``, warmed up and replayed once."""
     launches = max(2 * copies, 40)
     for i in range(copies):
         launch(i)  # warm-up outside the graph: module load, descriptors, handles
@@ -31,37 +32,65 @@ def _replay_median_us(launch, copies: int, repeats: int) -> float:
             launch(i % copies)
     graph.replay()
     torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeats):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        stop.record()
-        stop.synchronize()
-        samples.append(start.elapsed_time(stop) * 1e3 / launches)
-    del graph
-    return statistics.median(samples)
+    return graph, launches
 
 
-def graph_time_us(launch, copies: int, *, repeats: int = 15, separator=None, separator_us=None) -> float:
-    """Median microseconds per launch of ``launch(i)``, cold L2, CUDA-graph replay.
+def _replay_us(graph, launches: int) -> float:
+    """Microseconds per launch of one replay of ``graph``."""
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop) * 1e3 / launches
+
+
+def interleaved_time_us(launches: dict, copies: int, *, repeats: int = 15, separator=None) -> dict:
+    """Median microseconds per launch for each ``name: launch(i)``, cold L2, CUDA-graph replay.
+
+    The graphs replay in turn (a rotating order, one replay each per round), so
+    clock and temperature drift within the measurement falls on every launch
+    alike: at compute-bound batches the GPU runs at its power cap and its clock
+    moves 10-20% within seconds, which timing one launch after the other turned
+    into bias against whichever came second.
 
     Back to back, a kernel that uses programmatic dependent launch overlaps its
     prologue with the previous launch of itself. In a model the previous kernel
     is usually something else (a norm, an activation), so with ``separator`` a
     small kernel runs before every launch, as that glue would; its own time,
-    measured alone the same way (or given as ``separator_us``), is subtracted.
+    measured alone the same way, is subtracted.
     """
-    if separator is None:
-        return _replay_median_us(launch, copies, repeats)
+    if separator is not None:
+        launches = {name: _after(separator, launch) for name, launch in launches.items()}
+        launches[_SEPARATOR] = lambda i: separator()
+    graphs = {name: _captured(launch, copies) for name, launch in launches.items()}
+    names = list(graphs)
+    samples = {name: [] for name in names}
+    for round_ in range(repeats):
+        for name in names[round_ % len(names):] + names[: round_ % len(names)]:
+            samples[name].append(_replay_us(*graphs[name]))
+    medians = {name: statistics.median(found) for name, found in samples.items()}
+    separator_us = medians.pop(_SEPARATOR, 0.0)
+    return {name: us - separator_us for name, us in medians.items()}
 
+
+_SEPARATOR = object()  # the separator's own entry among the launches timed
+
+
+def _after(separator, launch):
+    """``launch`` with ``separator`` run before every call."""
     def separated(i):
         separator()
         launch(i)
+    return separated
 
-    if separator_us is None:
-        separator_us = _replay_median_us(lambda i: separator(), copies, repeats)
-    return _replay_median_us(separated, copies, repeats) - separator_us
+
+def graph_time_us(launch, copies: int, *, repeats: int = 15, separator=None, separator_us=None) -> float:
+    """Median microseconds per launch of ``launch(i)`` (see interleaved_time_us), with the
+    separator's time measured alongside or given as ``separator_us``."""
+    if separator is not None and separator_us is not None:
+        return interleaved_time_us({0: _after(separator, launch)}, copies, repeats=repeats)[0] - separator_us
+    return interleaved_time_us({0: launch}, copies, repeats=repeats, separator=separator)[0]
 
 
 def foreign_kernel(device=None):
