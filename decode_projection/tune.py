@@ -13,9 +13,12 @@ what makes a full table fit in minutes of GPU time: the tactic space has
 hundreds of valid points, the model keeps a handful.
 
 The batch-invariant table comes from the same pass: each shape gets one
-summation order (split and K boxes per stage), the one whose best time at each
-batch is closest to that batch's best over all orders (geometric mean of the
-ratios, over the orders timed at every batch; batch 1's winner where none is).
+summation order (split and K boxes per stage): among those that keep every
+batch up to 64 within 10% of the free table back to back (the benchmark's
+reading), the one whose best time at each batch is closest to that batch's
+best over all orders (geometric mean of the ratios, over the orders timed at
+every batch; batch 1's winner where none is). The mean alone let nine cells
+run 11-16% over the free table back to back (v12).
 Batch 1's winner alone is not enough: on 3072 x 7168 it took 4-box stages,
 which leave no shared memory for large activation tiles, and ran up to 3x
 behind at M >= 96. The tactics with that order are timed at every batch next to
@@ -43,13 +46,16 @@ from tqdm import tqdm
 
 from .checks import Reference
 from .clocks import ClockLog
-from .policies import candidate_tactics, gpu_spec
+from .policies import COMPUTE_BOUND_ROWS, activation_rows_for, candidate_tactics, gpu_spec
 from .projection import PreparedProjection
 from .runtime import architecture
 from .splitk import SplitKTactic
 from .tables import TableKey, dtype_name, key_of, table_policies, write_table
 from .timing import cold_copies, foreign_kernel, graph_time_us
 from .warmup import compile_all
+
+# Issue 5's allowance: a batch-invariant cell may run this much over the free table at M <= 64.
+INVARIANT_EXCESS = 1.10
 
 
 @dataclass(frozen=True)
@@ -102,22 +108,35 @@ class ShapeTimer:
         return timed
 
 
-def shared_order(timed_by_batch: list[list[Timed]]) -> tuple:
-    """The summation order for every batch of a shape (batches smallest first): the lowest geometric
-    mean of its best score over each batch's best, among orders timed at every batch; else batch 1's winner's."""
-    ratios = []
-    for found in timed_by_batch:
-        best_by_order = {}
-        for t in found:
-            order = t.tactic.summation_order
-            best_by_order[order] = min(best_by_order.get(order, math.inf), t.score)
-        fastest = min(best_by_order.values())
-        ratios.append({order: score / fastest for order, score in best_by_order.items()})
-    first_winner = min(timed_by_batch[0], key=lambda t: t.score).tactic.summation_order
-    everywhere = set.intersection(*(set(r) for r in ratios))
+def shared_order(timed_by_batch: dict[int, list[Timed]]) -> tuple:
+    """The summation order for every batch of a shape, among the orders timed at every batch.
+
+    Orders that keep each streaming batch (M <= 64) within INVARIANT_EXCESS of
+    the free table back to back, as the benchmark reads it, rank first (else the
+    smallest worst excess); then the lowest geometric mean over all batches of
+    the order's best score over the batch's best. Where no order was timed at
+    every batch, batch 1's winner's; ties go to it too.
+    """
+    batches = sorted(timed_by_batch)
+    best = {}  # (batch, order): what a table with that order ships at that batch
+    for batch in batches:
+        for t in timed_by_batch[batch]:
+            key = (batch, t.tactic.summation_order)
+            if key not in best or t.score < best[key].score:
+                best[batch, t.tactic.summation_order] = t
+    free = {batch: min(timed_by_batch[batch], key=lambda t: t.score) for batch in batches}
+    first_winner = free[batches[0]].tactic.summation_order
+    everywhere = set.intersection(*({t.tactic.summation_order for t in timed_by_batch[b]} for b in batches))
     if not everywhere:
         return first_winner
-    return min(everywhere, key=lambda order: (sum(math.log(r[order]) for r in ratios), order != first_winner))
+
+    def rank(order):
+        streaming = [b for b in batches if activation_rows_for(b) < COMPUTE_BOUND_ROWS]
+        excess = max((best[b, order].chained_us / free[b].chained_us for b in streaming), default=1.0)
+        cost = sum(math.log(best[b, order].score / free[b].score) for b in batches)
+        return (max(excess, INVARIANT_EXCESS), cost, order != first_winner)
+
+    return min(everywhere, key=rank)
 
 
 def incumbent_tactics(tables, n, k, batch, gpu, *, weight_dtype, output_dtype) -> list[SplitKTactic]:
@@ -209,7 +228,7 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
 
     run_pass({(n, k, b): first_candidates(n, k, b) for n, k in shapes for b in batches}, "tune")
     if invariant_limit is not None:
-        orders.update({(n, k): shared_order([timed[n, k, b] for b in batches]) for n, k in shapes})
+        orders.update({(n, k): shared_order({b: timed[n, k, b] for b in batches}) for n, k in shapes})
         run_pass({
             (n, k, b): [t for t in candidate_tactics(n, k, b, gpu, limit=invariant_limit, order=orders[n, k])
                         if t not in {done.tactic for done in timed[n, k, b]}]

@@ -125,17 +125,21 @@ def test_the_current_tables_tactics_are_timed_too(fake_gpu, monkeypatch, tmp_pat
     assert timed[2] == {SplitKTactic(64, 8, 8, 3)}  # no table entry for batch 2
 
 
-def test_the_invariant_order_is_the_one_closest_to_each_batchs_best():
+def test_the_invariant_order_keeps_streaming_batches_within_ten_percent_then_costs_least():
     # Batch 1's winner (4 boxes) is 1% ahead at batch 1 but 3x behind at batch 256: the order
     # chosen for every batch is the one that costs least over all of them.
-    def timed(split, k_boxes, us):
-        return tuning.Timed(SplitKTactic(128, 8, split, 3, k_boxes), us, us)
+    def timed(split, k_boxes, us, chained=None):
+        return tuning.Timed(SplitKTactic(128, 8, split, 3, k_boxes), us if chained is None else chained, us)
 
     batch_1 = [timed(4, 4, 10.0), timed(2, 1, 10.1), timed(8, 1, 9.95)]
     batch_256 = [timed(4, 4, 60.0), timed(2, 1, 20.0)]
-    assert tuning.shared_order([batch_1, batch_256]) == (2, 1)  # (8, 1) was not timed at batch 256
+    assert tuning.shared_order({1: batch_1, 256: batch_256}) == (2, 1)  # (8, 1) was not timed at batch 256
     # With no order timed at every batch, batch 1's winner decides.
-    assert tuning.shared_order([batch_1, [timed(1, 2, 20.0)]]) == (8, 1)
+    assert tuning.shared_order({1: batch_1, 256: [timed(1, 2, 20.0)]}) == (8, 1)
     # A tie goes to batch 1's winner.
-    tied = [[timed(2, 1, 11.0), timed(4, 4, 10.0)], [timed(4, 4, 22.0), timed(2, 1, 20.0)]]
+    tied = {1: [timed(2, 1, 11.0), timed(4, 4, 10.0)], 256: [timed(4, 4, 22.0), timed(2, 1, 20.0)]}
     assert tuning.shared_order(tied) == (4, 4)
+    # (2, 1) costs less over both batches, but runs 15% over the free pick back to back at batch 16.
+    over = {16: [timed(4, 4, 10.0, chained=8.0), timed(2, 1, 10.2, chained=9.2)],
+            256: [timed(4, 4, 22.0), timed(2, 1, 20.0)]}
+    assert tuning.shared_order(over) == (4, 4)
