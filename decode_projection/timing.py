@@ -51,8 +51,11 @@ def interleaved_time_us(launches: dict, copies: int, *, repeats: int = 15, separ
     The graphs replay in turn (a rotating order, one replay each per round), so
     clock and temperature drift within the measurement falls on every launch
     alike: at compute-bound batches the GPU runs at its power cap and its clock
-    moves 10-20% within seconds, which timing one launch after the other turned
-    into bias against whichever came second.
+    moves 10-20% within seconds, and timed one after the other two launches
+    can meet different clocks. Each timed replay follows an
+    untimed one of the same graph: on the H200 the first replay of our graph after
+    torch.matmul's ran up to 0.5 us per launch slower, and the second matched
+    our graph timed alone (two graphs of our own kernel alternated at no cost).
 
     Back to back, a kernel that uses programmatic dependent launch overlaps its
     prologue with the previous launch of itself. In a model the previous kernel
@@ -68,6 +71,8 @@ def interleaved_time_us(launches: dict, copies: int, *, repeats: int = 15, separ
     samples = {name: [] for name in names}
     for round_ in range(repeats):
         for name in names[round_ % len(names):] + names[: round_ % len(names)]:
+            if len(names) > 1:
+                graphs[name][0].replay()  # untimed: the first replay after another graph's pays for the switch
             samples[name].append(_replay_us(*graphs[name]))
     medians = {name: statistics.median(found) for name, found in samples.items()}
     separator_us = medians.pop(_SEPARATOR, 0.0)
