@@ -123,6 +123,14 @@ def test_the_current_tables_tactics_are_timed_too(fake_gpu, monkeypatch, tmp_pat
     timed = {row["batch"]: {SplitKTactic(*t[0]) for t in row["timed"]} for row in rows}
     assert timed[1] == {SplitKTactic(64, 8, 8, 3), incumbent, invariant_incumbent}
     assert timed[2] == {SplitKTactic(64, 8, 8, 3)}  # no table entry for batch 2
+    # The free table's tactic for the next larger batch covers this one too: it is timed here.
+    larger = SplitKTactic(64, 16, 4, 4)
+    tables[TableKey(H200.name, H200.sm_count, 1536, 128, "bfloat16", "bfloat16", False)][16] = larger
+    tuning.tune([(1536, 128)], [1, 2], limit=1, timings_path=tmp_path / "timings.json", incumbents=tables)
+    rows = json.loads((tmp_path / "timings.json").read_text())
+    timed = {row["batch"]: {SplitKTactic(*t[0]) for t in row["timed"]} for row in rows}
+    assert timed[1] == {SplitKTactic(64, 8, 8, 3), incumbent, invariant_incumbent, larger}
+    assert timed[2] == {SplitKTactic(64, 8, 8, 3), larger}
 
 
 def test_the_invariant_order_keeps_streaming_batches_within_ten_percent_then_costs_least():
