@@ -142,17 +142,17 @@ def shared_order(timed_by_batch: dict[int, list[Timed]]) -> tuple:
 
 def incumbent_tactics(tables, n, k, batch, gpu, *, weight_dtype, output_dtype) -> list[SplitKTactic]:
     """The tactics ``tables`` hold for this cell (free table first, then batch-invariant), then the free
-    table's for the next larger batch: its activation tile covers this batch too (the rows past it read
-    zeros), and in the v15 benchmark it ran faster at its own batch than this batch's tactic in 21 cells."""
+    table's for the next larger batch whose activation tile covers this one (the rows past the batch read
+    zeros): in the v15 benchmark the next batch's ran faster at its own batch than this batch's in 21 cells."""
     found = []
     for invariant in (False, True):
         key = TableKey(gpu.name, gpu.sm_count, n, k, dtype_name(weight_dtype), dtype_name(output_dtype), invariant)
         found += table_policies(key, [batch], tables).values()
     free = tables.get(TableKey(gpu.name, gpu.sm_count, n, k, dtype_name(weight_dtype), dtype_name(output_dtype),
                                False), {})
-    larger = [b for b in sorted(free) if b > batch]
-    if larger:
-        found.append(free[larger[0]])
+    covering = [free[b] for b in sorted(free) if b > batch and free[b].activation_rows >= batch]
+    if covering:
+        found.append(covering[0])
     return list(dict.fromkeys(found))
 
 
