@@ -21,7 +21,7 @@ from .checks import Reference
 from .policies import gpu_spec, resolve_policies
 from .projection import PreparedProjection
 from .runtime import architecture
-from .splitk import as_tactic
+from .tactic import as_tactic
 from .timing import cold_copies, foreign_kernel, graph_time_us, interleaved_time_us
 from .warmup import compile_all
 

@@ -29,7 +29,7 @@ from cutlass.cute.runtime import load_module
 from cutlass.runtime import find_runtime_libraries
 
 # The sources whose text decides the generated code.
-CODEGEN_SOURCES = ("splitk.py", "projection.py")
+CODEGEN_SOURCES = ("splitk.py", "tactic.py", "projection.py")
 FORMAT = "1"
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .splitk import (
+from .tactic import (
     ACTIVATION_ROWS, ACTIVATION_ROWS_AS_A, BARRIER_BYTES, BOX_K, K_BOXES, MULTICASTS, PORTABLE_CLUSTER, SPLITS,
     WEIGHT_ROWS, WEIGHT_ROWS_AS_B, WGMMA_ROWS, SplitKTactic, as_tactic, max_stages,
 )

@@ -20,7 +20,8 @@ from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 from .disk_cache import cached_compile
 from .policies import gpu_spec, resolve_policies
 from .runtime import architecture, current_stream, tensor_maps, to_cute
-from .splitk import BOX_K, SplitKGemm, as_tactic
+from .splitk import SplitKGemm
+from .tactic import BOX_K, as_tactic
 
 WEIGHT_DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
 OUTPUT_DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float32: cutlass.Float32}

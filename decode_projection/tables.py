@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .splitk import as_tactic
+from .tactic import as_tactic
 
 SHIPPED = Path(__file__).with_name("tables")
 FORMAT = 1

@@ -50,7 +50,7 @@ from .clocks import ClockLog
 from .policies import COMPUTE_BOUND_ROWS, activation_rows_for, candidate_tactics, gpu_spec
 from .projection import PreparedProjection
 from .runtime import architecture
-from .splitk import SplitKTactic
+from .tactic import SplitKTactic
 from .tables import TableKey, dtype_name, key_of, table_policies, write_table
 from .timing import cold_copies, foreign_kernel, graph_time_us
 from .warmup import compile_all

@@ -11,7 +11,7 @@ import torch
 from decode_projection import disk_cache, warmup
 from decode_projection.projection import compile_projection
 from decode_projection.sass import kernel_report
-from decode_projection.splitk import SplitKTactic
+from decode_projection.tactic import SplitKTactic
 
 TACTIC = SplitKTactic(64, 8, 2, 4)
 INPUTS = (TACTIC, "torch.bfloat16", "torch.bfloat16", "sm_90a")

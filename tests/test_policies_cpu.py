@@ -12,7 +12,7 @@ from decode_projection.policies import (
     COMPUTE_BOUND_ROWS, H200, activation_rows_for, activation_tile_choices, candidate_tactics, default_policies,
     default_tactic, grid_ctas, predicted_time_us, resolve_policies, waves, weight_as_b_tactics, with_k_boxes,
 )
-from decode_projection.splitk import SplitKTactic
+from decode_projection.tactic import SplitKTactic
 from decode_projection.workload import DECODE_BATCHES, KIMI_K3_SHAPES
 
 # The heuristic's H200 choices at batches 1, 16, 64 and 256, as (weight rows, activation rows, split, stages);

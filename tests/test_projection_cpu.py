@@ -7,7 +7,7 @@ import torch
 
 from decode_projection import PreparedProjection, SplitKTactic, compile_projection, projection
 from decode_projection.sass import kernel_report
-from decode_projection.splitk import as_tactic, max_stages
+from decode_projection.tactic import as_tactic, max_stages
 
 from .tactic_grid import GRID, tactic_id
 

@@ -7,7 +7,7 @@ import torch
 
 from decode_projection import tune as tuning
 from decode_projection.policies import H200, predicted_time_us
-from decode_projection.splitk import SplitKTactic
+from decode_projection.tactic import SplitKTactic
 from decode_projection.tables import TableKey, load_table, read_entries
 
 

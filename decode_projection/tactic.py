@@ -1,0 +1,196 @@
+"""What one kernel configuration is and which ones can run: the tile, split K, the pipeline.
+
+A tactic fixes everything the kernel's code depends on except the dtypes:
+weight rows and activation rows per CTA, how many cluster CTAs split K, pipeline
+stages and TMA boxes per stage, how many weight tiles share one activation load,
+how many consumer warpgroups split the activation tile, and which wgmma operand
+the weight is. ``problems()`` is the one validity predicate: the tuner, the
+tables, the heuristic and the kernel all ask it, so a tactic accepted anywhere
+can be built and launched.
+"""
+
+import math
+from dataclasses import dataclass
+
+BOX_K = 64  # K of one TMA box: 64 16-bit elements = one 128-byte swizzle row
+K_BOXES = (1, 2, 4)  # boxes per stage along K: 128, 256 or 512 contiguous bytes of each weight row
+WGMMA_ROWS = 64  # rows of A (the weight, or the activations) per consumer warpgroup: wgmma M
+WEIGHT_ROWS = (64, 128, 192)  # one to three consumer warpgroups
+# Consumer warpgroups that share one 64-row weight tile, each owning a slice of the activation
+# tile, so one's barrier waits overlap the other's wgmmas (one warpgroup kept the tensor pipe
+# 64-70% busy at M=256, cuBLAS 83-87%). On the H200 two won where K <= 3584 and on 2112 x 7168,
+# and lost up to 40% on the largest weights: the tuner keeps them where they win.
+COLUMN_GROUPS = (1, 2)
+# With the weight as wgmma's B: activation tiles of one or two warpgroups of 64 rows, and weight
+# tiles of any wgmma N (a multiple of 8 up to 256, also the TMA box's limit).
+ACTIVATION_ROWS_AS_A = (64, 128)
+WEIGHT_ROWS_AS_B = tuple(range(8, 257, 8))
+# wgmma N. 48, 96 and 192 fit padded decode batches exactly: a 128- or 256-row tile
+# only partly filled (rows past M are TMA zero-fill) measured up to 1.6x slower.
+ACTIVATION_ROWS = (8, 16, 32, 48, 64, 96, 128, 192, 256)
+SPLITS = tuple(range(1, 9))  # 3, 5, 6 and 7 too: clusters need not be powers of two
+MULTICASTS = (1, 2, 4)  # CTAs of neighbouring weight tiles that share one activation load
+PORTABLE_CLUSTER = 8  # CTAs a cluster (split x multicast) may hold without the non-portable attribute
+SMEM_CAPACITY = 227 * 1024  # sm_90 opt-in shared memory per block
+BARRIER_BYTES = 1024  # mbarriers, rounded up to the 1024-byte tile alignment
+
+
+@dataclass(frozen=True)
+class SplitKTactic:
+    """One kernel configuration: weight rows per CTA, activation rows per CTA, split K, stages,
+    TMA boxes per stage along K, how many weight tiles share each activation load, how many
+    consumer warpgroups split the activation tile between them, and whether the weight is
+    wgmma's B operand (activations A) instead of A."""
+
+    weight_rows: int
+    activation_rows: int
+    split: int
+    stages: int
+    k_boxes: int = 1
+    multicast: int = 1
+    column_groups: int = 1
+    weight_as_b: bool = False
+
+    @property
+    def label(self) -> str:
+        """The tactic's numbers in one token, ending in ``B`` where the weight is wgmma's B."""
+        numbers = [self.weight_rows, self.activation_rows, self.split, self.stages, self.k_boxes, self.multicast,
+                   self.column_groups]
+        return "(" + ",".join(map(str, numbers)) + (",B)" if self.weight_as_b else ")")
+
+    @property
+    def tile_k(self) -> int:
+        """K of one pipeline stage."""
+        return BOX_K * self.k_boxes
+
+    @property
+    def summation_order(self) -> tuple[int, int]:
+        """(split, k boxes): what fixes the K slices and so the order each output is summed in.
+
+        Kept whole even at split 1 (where the stage width should not change the
+        order): batch invariance is only claimed for what the GPU tests verify.
+        """
+        return (self.split, self.k_boxes)
+
+    @property
+    def tile_mnk(self) -> tuple[int, int, int]:
+        """The CTA tile as wgmma sees it: (A rows, B rows, K)."""
+        if self.weight_as_b:
+            return (self.activation_rows, self.weight_rows, self.tile_k)
+        return (self.weight_rows, self.activation_rows, self.tile_k)
+
+    @property
+    def consumer_groups(self) -> int:
+        """Consumer warpgroups: one per 64 rows of A, times ``column_groups``."""
+        return self.tile_mnk[0] // WGMMA_ROWS * self.column_groups
+
+    @property
+    def reallocates_registers(self) -> bool:
+        """True where the consumers need more registers than an even share (see splitk.CONSUMER_REGISTERS)."""
+        return self.consumer_groups == 3 and self.tile_mnk[1] > 192
+
+    @property
+    def wgmma_columns(self) -> int:
+        """wgmma N: B's tile, or half of it where registers are reallocated (ptxas fits each
+        instruction's accumulators in the 128 registers every thread starts with)."""
+        columns = self.tile_mnk[1] // self.column_groups
+        return columns // 2 if self.reallocates_registers else columns
+
+    @property
+    def threads(self) -> int:
+        """Consumer warpgroups plus one producer warp (a whole warpgroup where registers are reallocated)."""
+        return 128 * self.consumer_groups + (128 if self.reallocates_registers else 32)
+
+    @property
+    def stage_bytes(self) -> int:
+        """Shared memory of one pipeline stage: a weight tile and an activation tile."""
+        return (self.weight_rows + self.activation_rows) * self.tile_k * 2
+
+    @property
+    def partials_per_thread(self) -> int:
+        """FP32 accumulators each consumer thread holds (64 rows of A x its columns of B over 128 threads)."""
+        return self.tile_mnk[1] // self.column_groups // 2
+
+    @property
+    def reduction_vector(self) -> int:
+        """Accumulators per DSMEM store in the split-K reduction: 16-byte stores where every
+        rank still owns a share (one 4-byte store per accumulator cost up to 2.7 us at M=256)."""
+        for width in (4, 2):
+            if self.partials_per_thread // width >= self.split:
+                return width
+        return 1
+
+    @property
+    def reduction_groups(self) -> int:
+        """Vectors of ``reduction_vector`` accumulators each consumer thread hands over."""
+        return self.partials_per_thread // self.reduction_vector
+
+    @property
+    def reduction_bytes(self) -> int:
+        """Shared memory the split-K reduction needs; it reuses the pipeline buffers."""
+        if self.split == 1:
+            return 0
+        per_rank = math.ceil(self.reduction_groups / self.split)
+        return self.split * per_rank * self.reduction_vector * 128 * self.consumer_groups * 4
+
+    @property
+    def smem_bytes(self) -> int:
+        """Shared memory per CTA."""
+        return BARRIER_BYTES + self.stages * self.stage_bytes
+
+    def problems(self) -> list[str]:
+        """Why this tactic cannot run (empty when it can): the one validity predicate."""
+        found = []
+        weight_rows = WEIGHT_ROWS_AS_B if self.weight_as_b else WEIGHT_ROWS
+        activation_rows = ACTIVATION_ROWS_AS_A if self.weight_as_b else ACTIVATION_ROWS
+        if self.weight_rows not in weight_rows:
+            found.append(f"weight rows {self.weight_rows} not in {weight_rows}")
+        if self.activation_rows not in activation_rows:
+            found.append(f"activation rows {self.activation_rows} not in {activation_rows}")
+        if self.split not in SPLITS:
+            found.append(f"split {self.split} not in {SPLITS}")
+        if self.stages < 2:
+            found.append(f"stages {self.stages} < 2")
+        if self.k_boxes not in K_BOXES:
+            found.append(f"k boxes {self.k_boxes} not in {K_BOXES}")
+        if self.multicast not in MULTICASTS:
+            found.append(f"multicast {self.multicast} not in {MULTICASTS}")
+        if self.column_groups not in COLUMN_GROUPS:
+            found.append(f"column groups {self.column_groups} not in {COLUMN_GROUPS}")
+        if found:
+            return found
+        if self.split * self.multicast > PORTABLE_CLUSTER:
+            found.append(f"cluster of split {self.split} x multicast {self.multicast} > {PORTABLE_CLUSTER} CTAs")
+        if self.activation_rows % (8 * self.multicast):
+            found.append(f"{self.activation_rows} activation rows do not split into {self.multicast} loads of 8n rows")
+        if self.column_groups > 1 and (self.weight_as_b or self.weight_rows != WGMMA_ROWS or self.activation_rows < 128):
+            found.append("column groups split only 64-row weight tiles of 128 or more activation rows")
+        if self.smem_bytes > SMEM_CAPACITY:
+            found.append(f"{self.smem_bytes} B of shared memory > {SMEM_CAPACITY}")
+        if self.reduction_bytes > self.stages * self.stage_bytes:
+            found.append(
+                f"split-K reduction needs {self.reduction_bytes} B, more than the "
+                f"{self.stages * self.stage_bytes} B of pipeline buffers it reuses"
+            )
+        return found
+
+    @property
+    def valid(self) -> bool:
+        """True when the kernel can be built and launched with this tactic."""
+        return not self.problems()
+
+
+def as_tactic(tactic) -> SplitKTactic:
+    """A SplitKTactic from a tactic or a (weight rows, activation rows, split, stages[, k boxes[, multicast[,
+    column groups[, weight as b]]]]) tuple."""
+    tactic = tactic if isinstance(tactic, SplitKTactic) else SplitKTactic(*tactic)
+    problems = tactic.problems()
+    if problems:
+        raise ValueError(f"invalid split-K tactic {tactic}: {'; '.join(problems)}")
+    return tactic
+
+
+def max_stages(weight_rows: int, activation_rows: int, split: int, k_boxes: int = 1) -> int:
+    """The deepest pipeline that fits in shared memory."""
+    probe = SplitKTactic(weight_rows, activation_rows, split, 1, k_boxes)
+    return (SMEM_CAPACITY - BARRIER_BYTES) // probe.stage_bytes
