@@ -140,23 +140,18 @@ class SplitKTactic:
 
     def problems(self) -> list[str]:
         """Why this tactic cannot run (empty when it can): the one validity predicate."""
-        found = []
-        weight_rows = WEIGHT_ROWS_AS_B if self.weight_as_b else WEIGHT_ROWS
-        activation_rows = ACTIVATION_ROWS_AS_A if self.weight_as_b else ACTIVATION_ROWS
-        if self.weight_rows not in weight_rows:
-            found.append(f"weight rows {self.weight_rows} not in {weight_rows}")
-        if self.activation_rows not in activation_rows:
-            found.append(f"activation rows {self.activation_rows} not in {activation_rows}")
-        if self.split not in SPLITS:
-            found.append(f"split {self.split} not in {SPLITS}")
+        choices = {
+            "weight rows": (self.weight_rows, WEIGHT_ROWS_AS_B if self.weight_as_b else WEIGHT_ROWS),
+            "activation rows": (self.activation_rows, ACTIVATION_ROWS_AS_A if self.weight_as_b else ACTIVATION_ROWS),
+            "split": (self.split, SPLITS),
+            "k boxes": (self.k_boxes, K_BOXES),
+            "multicast": (self.multicast, MULTICASTS),
+            "column groups": (self.column_groups, COLUMN_GROUPS),
+            "weight as b": (self.weight_as_b, (False, True)),
+        }
+        found = [f"{name} {value} not in {allowed}" for name, (value, allowed) in choices.items() if value not in allowed]
         if self.stages < 2:
             found.append(f"stages {self.stages} < 2")
-        if self.k_boxes not in K_BOXES:
-            found.append(f"k boxes {self.k_boxes} not in {K_BOXES}")
-        if self.multicast not in MULTICASTS:
-            found.append(f"multicast {self.multicast} not in {MULTICASTS}")
-        if self.column_groups not in COLUMN_GROUPS:
-            found.append(f"column groups {self.column_groups} not in {COLUMN_GROUPS}")
         if found:
             return found
         if self.split * self.multicast > PORTABLE_CLUSTER:
