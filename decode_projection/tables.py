@@ -68,9 +68,15 @@ def load_table(path) -> dict:
 
 
 def check_invariant(table, where) -> None:
-    """Batch-invariant entries must keep one summation order per shape, or rows would depend on the batch."""
+    """Batch-invariant entries must keep one summation order per shape, or rows would depend on the batch,
+    and the weight as wgmma's A, the operand role the GPU tests verify invariance for."""
     for key, batches in table.items():
         orders = {tactic.summation_order for tactic in batches.values()}
+        if key.batch_invariant and any(tactic.weight_as_b for tactic in batches.values()):
+            raise ValueError(
+                f"{where}: batch-invariant table for {key.n}x{key.k} holds a tactic with the weight as wgmma's B; "
+                "batch invariance is verified with the weight as A only"
+            )
         if key.batch_invariant and len(orders) > 1:
             raise ValueError(
                 f"{where}: batch-invariant table for {key.n}x{key.k} mixes summation orders "

@@ -64,13 +64,15 @@ class SplitKTactic:
         return BOX_K * self.k_boxes
 
     @property
-    def summation_order(self) -> tuple[int, int]:
+    def summation_order(self) -> tuple:
         """(split, k boxes): what fixes the K slices and so the order each output is summed in.
 
         Kept whole even at split 1 (where the stage width should not change the
         order): batch invariance is only claimed for what the GPU tests verify.
+        For the same reason the weight as wgmma's B is an order of its own (a
+        third entry): the tests verify invariance with the weight as A.
         """
-        return (self.split, self.k_boxes)
+        return (self.split, self.k_boxes, "weight as B") if self.weight_as_b else (self.split, self.k_boxes)
 
     @property
     def tile_mnk(self) -> tuple[int, int, int]:

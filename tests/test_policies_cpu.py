@@ -204,6 +204,17 @@ def test_batch_invariant_table_mixing_k_boxes_is_refused(tmp_path):
         tables.load_table(path)
 
 
+def test_batch_invariant_table_with_the_weight_as_b_is_refused(tmp_path):
+    # Invariance is verified with the weight as A only: the weight as B is an order of its own.
+    assert SplitKTactic(112, 128, 2, 4, weight_as_b=True).summation_order != SplitKTactic(64, 128, 2, 4).summation_order
+    path = tmp_path / "mixed.json"
+    tables.write_table(path, [entry(64, (64, 64, 2, 6), invariant=True),
+                              entry(256, (112, 128, 2, 4, 1, 1, 1, True), invariant=True)],
+                       dsl_version="test", measured="today")
+    with pytest.raises(ValueError, match="weight as A only"):
+        tables.load_table(path)
+
+
 def test_device_index_accepts_ints_strings_and_devices():
     assert policies.device_index(3) == 3
     assert policies.device_index("cuda:1") == 1
