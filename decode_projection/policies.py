@@ -166,6 +166,9 @@ def pinned_tactic(n: int, k: int, batch: int, order, gpu: GpuSpec = H200) -> Spl
     then the other weight tile, else a smaller activation tile (the batch is
     tiled, and the weight read once per tile).
     """
+    if len(order) != 2:
+        raise ValueError(f"summation order {order} is not (split, k boxes) with the weight as A: "
+                         "batch invariance is verified with the weight as A only")
     split, k_boxes = order
     usual = default_tactic(n, k, 1, gpu, batch_invariant=True).weight_rows
     rows_first = [usual] + [rows for rows in WEIGHT_ROWS if rows != usual]
@@ -265,7 +268,7 @@ def weight_as_b_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> list
     """Tactics with the weight as wgmma's B: for each activation tile and split, the narrowest
     weight tile (a multiple of 8 rows) whose grid of whole clusters fits in the fewest waves, at
     the deepest pipeline. The best predicted without split K and with it come first (the model
-    has not been fitted to these tactics: both kinds get timed), then the rest by prediction.
+    has not been fitted to these tactics), then the rest by prediction.
 
     64-row weight tiles leave SMs idle where N / 64 tiles do not divide the SMs (7168 rows fill
     112 of 132); a weight tile of any multiple of 8 rows can fill them (64 tiles of 112 x 2
@@ -336,7 +339,9 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     cannot tell how busy they keep the tensor pipe: only timing can), and up to
     WEIGHT_AS_B_CANDIDATES to tactics with the weight as wgmma's B, unless ``order``
     pins the summation order (the GPU tests verify batch invariance for the weight
-    as A only).
+    as A only). The groups fill the list in that order and what passes ``limit`` is
+    dropped: at compute-bound batches the reserved slots alone exceed 8 (the H200
+    tables were tuned with 12 to 16).
     """
     pick = default_tactic(n, k, batch, gpu, order=order)
     # Ties go to the deeper pipeline: they arise where every CTA has an SM to
@@ -347,12 +352,15 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     family_bests.sort(key=ranked.index)
     chosen = [pick] + family_bests
     chosen += [t for t in ranked if t not in chosen]
-    compute_bound = pick.activation_rows >= COMPUTE_BOUND_ROWS
-    weight_as_b = []
-    if activation_rows_for(batch) >= COMPUTE_BOUND_ROWS and order is None:
-        weight_as_b = weight_as_b_tactics(n, k, batch, gpu)
-    reserved = SHARED_LOAD_CANDIDATES + (WIDE_STAGE_CANDIDATES if order is None else 0) \
-        + (COLUMN_GROUP_CANDIDATES if compute_bound else 0) + min(len(weight_as_b), WEIGHT_AS_B_CANDIDATES)
+    compute_bound = activation_rows_for(batch) >= COMPUTE_BOUND_ROWS
+    columns, weight_as_b = [], []
+    if compute_bound:
+        columns = [replace(t, column_groups=2) for t in chosen if t.weight_rows == WGMMA_ROWS]
+        columns = [t for t in columns if t.valid][:COLUMN_GROUP_CANDIDATES]
+        if order is None:
+            weight_as_b = weight_as_b_tactics(n, k, batch, gpu)[:WEIGHT_AS_B_CANDIDATES]
+    reserved = SHARED_LOAD_CANDIDATES + (WIDE_STAGE_CANDIDATES if order is None else 0) + len(columns) \
+        + len(weight_as_b)
     base = chosen[: max(1, limit - reserved)]
     wide = []
     if order is None:
@@ -362,12 +370,8 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     if base[0].activation_rows >= SHARED_LOAD_ROWS:
         shared = [replace(base[0], multicast=group) for group in MULTICASTS[1:]]
         shared = [t for t in shared if t.valid and fits_like(t, base[0], n, batch, gpu)]
-    columns = []
-    if compute_bound:
-        columns = [replace(t, column_groups=2) for t in chosen if t.weight_rows == WGMMA_ROWS]
-        columns = [t for t in columns if t.valid][:COLUMN_GROUP_CANDIDATES]
     rest = [t for t in chosen if t not in base]
-    return (base + wide + shared + columns + weight_as_b[:WEIGHT_AS_B_CANDIDATES] + rest)[:limit]
+    return (base + wide + shared + columns + weight_as_b + rest)[:limit]
 
 
 def resolve_policies(n, k, batches, *, gpu: GpuSpec, weight_dtype, output_dtype, batch_invariant=False,

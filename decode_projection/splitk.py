@@ -15,9 +15,9 @@ once. The kernel is shaped around that:
   Activation tiles arrive by TMA with EVICT_LAST: every CTA re-reads them.
 * A producer warp keeps ``stages`` tiles in flight through an mbarrier
   pipeline (a stage holds 1, 2 or 4 TMA boxes of 64 K); one consumer
-  warpgroup per 64 weight rows issues wgmma, keeping one group in flight (or
-  two that split a large activation tile, so that one's barrier waits overlap
-  the other's wgmmas).
+  warpgroup per 64 rows of wgmma's A issues wgmma, keeping one group in flight
+  (or two that split a large activation tile, so that one's barrier waits
+  overlap the other's wgmmas).
   Where the accumulators outgrow an even share of the register file (three
   warpgroups of 256 activation rows), the producer is a whole warpgroup that
   hands its registers to the consumers (setmaxnreg).
@@ -26,7 +26,8 @@ once. The kernel is shaped around that:
   warpgroup) and the weight is B, in tiles of any multiple of 8 rows up to
   256. A weight tile that need not be a multiple of 64 rows lets the grid fill
   the SMs (7168 rows: 64 tiles of 112 x 2 activation tiles = 128 CTAs, where
-  64-row tiles give 112), the trade cuBLAS makes at these batches.
+  64-row tiles give 112), the trade cuBLAS makes at these batches. On the
+  H200 it won no cell of the shipped tables (docs/performance.md, v14).
 * Split K across the ``split`` CTAs of a thread-block cluster (short N, long K
   needs more CTAs than N tiles to fill 132 SMs). Partial sums are reduced
   through distributed shared memory in a fixed rank order: no atomics, no

@@ -2,8 +2,8 @@
 
 A table is only used when it was measured on the same GPU (name and SM count)
 for the same shape and dtypes; otherwise the caller falls back to the
-heuristic and is told so. Entries are checked with the kernel's validity
-predicate when loaded, so a stale table fails loudly instead of launching a
+heuristic and is told so. Entries are checked with the tactic's validity
+predicate (``tactic.py``) when loaded, so a stale table fails loudly instead of launching a
 tactic the kernel no longer accepts.
 """
 

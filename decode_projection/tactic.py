@@ -161,7 +161,8 @@ class SplitKTactic:
         if self.activation_rows % (8 * self.multicast):
             found.append(f"{self.activation_rows} activation rows do not split into {self.multicast} loads of 8n rows")
         if self.column_groups > 1 and (self.weight_as_b or self.weight_rows != WGMMA_ROWS or self.activation_rows < 128):
-            found.append("column groups split only 64-row weight tiles of 128 or more activation rows")
+            found.append("column groups split only 64-row weight tiles of 128 or more activation rows, "
+                         "with the weight as A")
         if self.smem_bytes > SMEM_CAPACITY:
             found.append(f"{self.smem_bytes} B of shared memory > {SMEM_CAPACITY}")
         if self.reduction_bytes > self.stages * self.stage_bytes:

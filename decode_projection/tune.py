@@ -116,23 +116,27 @@ def shared_order(timed_by_batch: dict[int, list[Timed]]) -> tuple:
     the free table back to back, as the benchmark reads it, rank first (else the
     smallest worst excess); then the lowest geometric mean over all batches of
     the order's best score over the batch's best. Where no order was timed at
-    every batch, batch 1's winner's; ties go to it too.
+    every batch, batch 1's winner's; ties go to it too. Only tactics with the
+    weight as A count (the GPU tests verify invariance for those); the free
+    table's best, whatever its kind, is what each order is measured against.
     """
     batches = sorted(timed_by_batch)
+    free = {batch: min(timed_by_batch[batch], key=lambda t: t.score) for batch in batches}
     best = {}  # (batch, order): what a table with that order ships at that batch
     for batch in batches:
         for t in timed_by_batch[batch]:
             key = (batch, t.tactic.summation_order)
-            if key not in best or t.score < best[key].score:
-                best[batch, t.tactic.summation_order] = t
-    free = {batch: min(timed_by_batch[batch], key=lambda t: t.score) for batch in batches}
-    first_winner = free[batches[0]].tactic.summation_order
-    everywhere = set.intersection(*({t.tactic.summation_order for t in timed_by_batch[b]} for b in batches))
+            if not t.tactic.weight_as_b and (key not in best or t.score < best[key].score):
+                best[key] = t
+    if not best:
+        raise ValueError("no tactic with the weight as A was timed: no batch-invariant summation order to choose")
+    first_winner = min(best.items(), key=lambda found: (found[0][0], found[1].score))[0][1]
+    everywhere = set.intersection(*({order for b, order in best if b == batch} for batch in batches))
     if not everywhere:
         return first_winner
+    streaming = [b for b in batches if activation_rows_for(b) < COMPUTE_BOUND_ROWS]
 
     def rank(order):
-        streaming = [b for b in batches if activation_rows_for(b) < COMPUTE_BOUND_ROWS]
         excess = max((best[b, order].chained_us / free[b].chained_us for b in streaming), default=1.0)
         cost = sum(math.log(best[b, order].score / free[b].score) for b in batches)
         return (max(excess, INVARIANT_EXCESS), cost, order != first_winner)
@@ -143,14 +147,16 @@ def shared_order(timed_by_batch: dict[int, list[Timed]]) -> tuple:
 def incumbent_tactics(tables, n, k, batch, gpu, *, weight_dtype, output_dtype) -> list[SplitKTactic]:
     """The tactics ``tables`` hold for this cell (free table first, then batch-invariant), then the free
     table's for the next larger batch whose activation tile covers this one (the rows past the batch read
-    zeros): in the v15 benchmark the next batch's ran faster at its own batch than this batch's in 21 cells."""
+    zeros; the weight as A: weight-as-B tactics are offered at compute-bound batches only): in the v15
+    benchmark the next batch's ran faster at its own batch than this batch's in 21 cells."""
     found = []
     for invariant in (False, True):
         key = TableKey(gpu.name, gpu.sm_count, n, k, dtype_name(weight_dtype), dtype_name(output_dtype), invariant)
         found += table_policies(key, [batch], tables).values()
     free = tables.get(TableKey(gpu.name, gpu.sm_count, n, k, dtype_name(weight_dtype), dtype_name(output_dtype),
                                False), {})
-    covering = [free[b] for b in sorted(free) if b > batch and free[b].activation_rows >= batch]
+    covering = [free[b] for b in sorted(free)
+                if b > batch and free[b].activation_rows >= batch and not free[b].weight_as_b]
     if covering:
         found.append(covering[0])
     return list(dict.fromkeys(found))

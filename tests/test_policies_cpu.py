@@ -188,6 +188,11 @@ def test_weight_as_b_candidates_fill_the_sms_at_compute_bound_batches_only():
     assert grid_ctas(best_unsplit, 7168, 256) == 128 and waves(best_unsplit, 7168, 256) == 1
 
 
+def test_a_weight_as_b_order_cannot_be_pinned():
+    with pytest.raises(ValueError, match="weight as A only"):
+        default_tactic(7168, 7168, 256, order=SplitKTactic(112, 128, 1, 4, weight_as_b=True).summation_order)
+
+
 def test_pinned_summation_order_is_kept_for_every_batch():
     for batch in (1, 64, 256):
         pick = default_tactic(2112, 7168, batch, order=(2, 4))

@@ -151,3 +151,8 @@ def test_the_invariant_order_keeps_streaming_batches_within_ten_percent_then_cos
     over = {16: [timed(4, 4, 10.0, chained=8.0), timed(2, 1, 10.2, chained=9.2)],
             256: [timed(4, 4, 22.0), timed(2, 1, 20.0)]}
     assert tuning.shared_order(over) == (4, 4)
+    # The weight as B never becomes the order, even where it is fastest at every batch timed.
+    as_b = tuning.Timed(SplitKTactic(112, 128, 1, 4, weight_as_b=True), 10.0, 10.0)
+    assert tuning.shared_order({128: [as_b, timed(2, 1, 12.0)], 256: [as_b, timed(2, 1, 20.0)]}) == (2, 1)
+    with pytest.raises(ValueError, match="weight as A"):
+        tuning.shared_order({128: [as_b], 256: [as_b]})
