@@ -32,6 +32,15 @@ def test_speed_bars_count_each_bar():
     assert abs(geomean - (12.6 / 8.0 * 12.6 / 13.0 * 77.0 / 70.0) ** (1 / 3)) < 1e-12
 
 
+def test_batch_invariant_allowance_is_ten_percent_over_tuned_per_cell():
+    bars = load_script("speed_bars")
+    cells = [cell(3072, 7168, 4, 12.0, 15.0), cell(3072, 7168, 4, 13.4, 15.0, "batch-invariant"),
+             cell(3072, 7168, 8, 12.0, 15.0), cell(3072, 7168, 8, 13.1, 15.0, "batch-invariant"),
+             cell(3072, 7168, 256, 20.0, 21.0), cell(3072, 7168, 256, 30.0, 21.0, "batch-invariant")]
+    over = bars.invariant_excess(cells)
+    assert len(over) == 1 and "M=4" in over[0] and "1.12 x tuned" in over[0]
+
+
 def entry(n, batch, tactic, invariant=False):
     return {"gpu": "NVIDIA H200", "sm_count": 132, "n": n, "k": 7168, "weight_dtype": "bfloat16",
             "output_dtype": "bfloat16", "batch_invariant": invariant, "batch": batch, "tactic": tactic, "us": 1.0}
