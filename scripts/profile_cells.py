@@ -109,15 +109,25 @@ def number(text):
     return float(text.replace(",", ""))
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--labels", required=True, help="file of launch labels, written when profiling")
+def command_line(doc, launch, summarize_csv, metrics=None):
+    """The profile scripts' command line: launch under ncu (writing labels), summarize its CSV, or print
+    the ``metrics`` ncu should collect."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--labels", required=True, help="file of our launches' labels, written when profiling")
     parser.add_argument("--summarize", help="ncu --csv --page raw output to summarize instead of profiling")
+    if metrics is not None:
+        parser.add_argument("--metrics", action="store_true", help="print the metrics ncu should collect, and exit")
     args = parser.parse_args()
-    if args.summarize:
-        summarize(args.summarize, args.labels)
+    if metrics is not None and args.metrics:
+        print(",".join(metrics))
+    elif args.summarize:
+        summarize_csv(args.summarize, args.labels)
     else:
-        launch_cells(args.labels)
+        launch(args.labels)
+
+
+def main():
+    command_line(__doc__, launch_cells, summarize)
 
 
 if __name__ == "__main__":

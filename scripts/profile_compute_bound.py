@@ -14,9 +14,8 @@ scripts/gpu-check with PROFILE_COMPUTE=1):
     python3 scripts/profile_compute_bound.py --summarize ncu.csv --labels labels.txt
 """
 
-import argparse
 
-from profile_cells import ncu_rows, number, profile
+from profile_cells import command_line, ncu_rows, number, profile
 
 CELLS = {
     (8448, 7168, 256): ((64, 256, 1, 5, 1, 1), (64, 256, 1, 5, 1, 2), (128, 256, 2, 4, 1, 1), (128, 128, 1, 7, 1, 1)),
@@ -71,17 +70,7 @@ def summarize(csv_path, labels_path):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--labels", required=True, help="file of our launches' labels, written when profiling")
-    parser.add_argument("--summarize", help="ncu --csv --page raw output to summarize instead of profiling")
-    parser.add_argument("--metrics", action="store_true", help="print the metrics ncu should collect, and exit")
-    args = parser.parse_args()
-    if args.metrics:
-        print(",".join(METRICS))
-    elif args.summarize:
-        summarize(args.summarize, args.labels)
-    else:
-        launch_cells(args.labels)
+    command_line(__doc__, launch_cells, summarize, METRICS)
 
 
 if __name__ == "__main__":
