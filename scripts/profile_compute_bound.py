@@ -14,7 +14,6 @@ scripts/gpu-check with PROFILE_COMPUTE=1):
     python3 scripts/profile_compute_bound.py --summarize ncu.csv --labels labels.txt
 """
 
-
 from profile_cells import command_line, ncu_rows, number, profile
 
 CELLS = {
