@@ -149,12 +149,11 @@ def incumbent_tactics(tables, n, k, batch, gpu, *, weight_dtype, output_dtype) -
     table's for the next larger batch whose activation tile covers this one (the rows past the batch read
     zeros; the weight as A: weight-as-B tactics are offered at compute-bound batches only): in the v15
     benchmark the next batch's ran faster at its own batch than this batch's in 21 cells."""
-    found = []
-    for invariant in (False, True):
-        key = TableKey(gpu.name, gpu.sm_count, n, k, dtype_name(weight_dtype), dtype_name(output_dtype), invariant)
-        found += table_policies(key, [batch], tables).values()
-    free = tables.get(TableKey(gpu.name, gpu.sm_count, n, k, dtype_name(weight_dtype), dtype_name(output_dtype),
-                               False), {})
+    def key(invariant):
+        return TableKey(gpu.name, gpu.sm_count, n, k, dtype_name(weight_dtype), dtype_name(output_dtype), invariant)
+
+    found = [t for invariant in (False, True) for t in table_policies(key(invariant), [batch], tables).values()]
+    free = tables.get(key(False), {})
     covering = [free[b] for b in sorted(free)
                 if b > batch and free[b].activation_rows >= batch and not free[b].weight_as_b]
     if covering:
