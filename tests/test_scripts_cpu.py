@@ -128,3 +128,11 @@ def test_compute_profile_labels_ours_and_names_cublas(tmp_path, capsys, monkeypa
     lines = capsys.readouterr().out.splitlines()
     assert "(64,256,1,5,1,1)" in lines[1] and " 46.00 " in lines[1] and " 1815 " in lines[1] and " 88.5 " in lines[1]
     assert "torch.matmul: sm90_xmma_gemm_bf16" in lines[2] and " 43.90 " in lines[2] and " 0.60" in lines[2]
+
+
+def test_time_tactics_parses_cells_and_weight_as_b():
+    probe = load_script("time_tactics")
+    n, k, batch, tactics = probe.parse_cell("6288x7168:64:128,64,1,9,1,4/96,64,1,11,B")
+    assert (n, k, batch) == (6288, 7168, 64)
+    assert tactics[0].multicast == 4 and not tactics[0].weight_as_b
+    assert tactics[1].weight_as_b and (tactics[1].weight_rows, tactics[1].stages) == (96, 11)

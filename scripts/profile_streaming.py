@@ -1,0 +1,90 @@
+"""Why batches of 48-64 run 5-14% above the weight's read time: a full Nsight Compute profile of a few cells.
+
+At M=1 the shipped tactics stream within 2% of the read-only kernel; at M=64
+the large weights run 10-14% above it (6288 x 7168: 24.5 against 21.7 us;
+20480 x 7168: 75.0 against 65.9), and 7168 x 1536 M=48 ran slower than
+torch.matmul. A batch of 64 does 64 FLOP per weight byte, so where few CTAs
+stream a weight (49 on 6288 x 7168 with 128-row tiles) the tensor pipe and
+the shared memory that feeds it (each weight byte is written by TMA and read
+by wgmma, each activation byte read once per 64 weight rows) carry several
+times the bytes HBM does. These counters say which unit each tactic
+saturates, next to M=1 and torch.matmul on the same weight. Run under ncu
+(``--set full``), then summarize (or both through scripts/gpu-check with
+PROFILE_STREAMING=1):
+
+    ncu --set full --clock-control none --profile-from-start off --csv --page raw --print-units base \\
+        python3 scripts/profile_streaming.py --labels labels.txt > ncu.csv
+    python3 scripts/profile_streaming.py --summarize ncu.csv --labels labels.txt
+"""
+
+from profile_cells import command_line, ncu_rows, number, profile
+
+CELLS = {
+    (6288, 7168, 1): ("64,8,1,6,2",),
+    (6288, 7168, 64): ("128,64,1,9,1,4", "128,64,1,9,1,1", "64,64,1,13", "96,64,1,11,B"),
+    (7168, 1536, 48): ("64,64,1,7", "128,48,1,10"),
+    (20480, 7168, 64): ("128,64,1,4", "128,64,1,9", "64,64,1,13"),
+}
+COLUMNS = {  # heading: ncu metric (percentages of peak over the kernel's elapsed time)
+    "us": "gpu__time_duration.sum",
+    "MHz": "gpc__cycles_elapsed.avg.per_second",
+    "SM busy": "sm__cycles_active.avg.pct_of_peak_sustained_elapsed",
+    "tensor": "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
+    "smem rd": "l1tex__data_bank_reads.avg.pct_of_peak_sustained_elapsed",
+    "smem wr": "l1tex__data_bank_writes.avg.pct_of_peak_sustained_elapsed",
+    "L2": "lts__throughput.avg.pct_of_peak_sustained_elapsed",
+    "HBM": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+}
+STALLS = ("smsp__average_warps_issue_stalled_", "_per_issue_active.ratio")
+OURS = "SplitKGemm"  # in our kernels' names; every other profiled kernel is torch.matmul's
+
+
+def launch_cells(labels_path):
+    """Run every tactic of every cell, then torch.matmul, once inside the profiler range; label our launches."""
+    import torch
+
+    from decode_projection.projection import PreparedProjection
+    from time_tactics import parse_tactic
+
+    labels, launches, alive = [], [], []
+    for (n, k, batch), tactics in CELLS.items():
+        weight = torch.randn(n, k, device="cuda").to(torch.bfloat16)
+        x = torch.randn(batch, k, device="cuda").to(torch.bfloat16)
+        out = torch.empty(batch, n, device="cuda", dtype=torch.bfloat16)
+        for text in tactics:
+            tactic = parse_tactic(text)
+            projection = PreparedProjection(weight, {batch: tactic}).prepare()
+            projection.run(x, out)  # outside the range: loads the module before anything is profiled
+            launches.append(lambda projection=projection, x=x, out=out: projection.run(x, out))
+            labels.append(f"{n}x{k} M={batch} {tactic.label}")
+            alive.append(projection)
+        launches.append(lambda weight=weight, x=x: torch.matmul(x, weight.t()))
+        torch.matmul(x, weight.t())
+        alive += [weight, x, out]
+    profile(launches, labels, labels_path)
+
+
+def summarize(csv_path, labels_path):
+    """One line per profiled kernel: time, clock, unit throughputs (% of peak) and its top three stall reasons."""
+    with open(labels_path) as f:
+        labels = iter(f.read().splitlines())
+    rows = ncu_rows(csv_path)
+    print(f"{'kernel':<40}" + "".join(f"{heading:>8}" for heading in COLUMNS) + "  top stalls (warps per issue)")
+    for row in rows:
+        name = row["Kernel Name"]
+        label = next(labels) if OURS in name else f"  torch.matmul: {name[:24]}"
+        values = [number(row[metric]) if row.get(metric) else float("nan") for metric in COLUMNS.values()]
+        values[0] /= 1e3
+        values[1] /= 1e6
+        stalls = sorted(((number(v), key[len(STALLS[0]):-len(STALLS[1])]) for key, v in row.items()
+                         if key.startswith(STALLS[0]) and key.endswith(STALLS[1]) and v), reverse=True)
+        print(f"{label:<40}" + "".join(f"{v:8.1f}" for v in values) + "  "
+              + ", ".join(f"{reason} {value:.2f}" for value, reason in stalls[:3]))
+
+
+def main():
+    command_line(__doc__, launch_cells, summarize)
+
+
+if __name__ == "__main__":
+    main()

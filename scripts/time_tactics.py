@@ -1,0 +1,74 @@
+"""Time chosen tactics of one cell next to torch.matmul: a probe for hypotheses the tuner's candidates miss.
+
+Each cell is ``NxK:M:tactic/tactic/...``, a tactic its numbers separated by
+commas (as in the tables; a trailing ``B`` puts the weight on wgmma's B side).
+Every tactic is checked against float64 on fresh random inputs with a
+NaN-poisoned output, then all of them and torch.matmul are timed interleaved
+(``timing.interleaved_time_us``), back to back and after a glue kernel. Needs a
+Hopper GPU.
+
+    python scripts/time_tactics.py 6288x7168:64:128,64,1,9,1,4/64,64,1,13 7168x1536:48:64,64,1,7
+"""
+
+import argparse
+
+import torch
+
+from decode_projection.checks import Reference
+from decode_projection.projection import PreparedProjection
+from decode_projection.runtime import architecture
+from decode_projection.tactic import as_tactic
+from decode_projection.timing import cold_copies, foreign_kernel, interleaved_time_us
+from decode_projection.warmup import compile_all
+
+
+def parse_cell(text):
+    """(n, k, batch, tactics) from ``NxK:M:t1/t2``."""
+    shape, batch, tactics = text.split(":")
+    n, k = (int(v) for v in shape.lower().split("x"))
+    return n, k, int(batch), [parse_tactic(t) for t in tactics.split("/")]
+
+
+def parse_tactic(text):
+    """A tactic from its comma-separated numbers, ``B`` last for the weight as wgmma's B."""
+    parts = text.split(",")
+    weight_as_b = parts[-1].upper() == "B"
+    numbers = [int(p) for p in (parts[:-1] if weight_as_b else parts)]
+    if weight_as_b:
+        numbers += [1] * (7 - len(numbers))
+    return as_tactic(tuple(numbers) + ((True,) if weight_as_b else ()))
+
+
+def time_cell(n, k, batch, tactics):
+    """{label: (back to back us, after glue us)} for torch.matmul and each tactic."""
+    copies = cold_copies(n * k * 2)
+    weights = [torch.randn(n, k, device="cuda").to(torch.bfloat16) for _ in range(copies)]
+    x = torch.randn(batch, k, device="cuda").to(torch.bfloat16)
+    outs = [torch.empty(batch, n, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+    reference = Reference(x, weights[0], torch.bfloat16)
+    launches = {"torch.matmul": lambda i: torch.matmul(x, weights[i].T, out=outs[i])}
+    for tactic in tactics:
+        projections = [PreparedProjection(w, {batch: tactic}).prepare() for w in weights]
+        outs[0].fill_(float("nan"))
+        reference.check(projections[0].run(x, outs[0]), label=f"{n}x{k} M={batch} {tactic.label}")
+        launches[tactic.label] = lambda i, projections=projections: projections[i].run(x, outs[i])
+    chained = interleaved_time_us(launches, copies)
+    alone = interleaved_time_us(launches, copies, separator=foreign_kernel())
+    return {label: (chained[label], alone[label]) for label in launches}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("cells", nargs="+", type=parse_cell, help="NxK:M:tactic/tactic/...")
+    args = parser.parse_args()
+    arch = architecture(torch.device("cuda"))
+    compile_all((t, torch.bfloat16, arch, torch.bfloat16) for *_, tactics in args.cells for t in tactics)
+    print(f"{'cell':<18} {'tactic':<24} {'back to back us':>16} {'after glue us':>14} {'mean':>7}")
+    for n, k, batch, tactics in args.cells:
+        for label, (chained, alone) in time_cell(n, k, batch, tactics).items():
+            print(f"{f'{n}x{k} M={batch}':<18} {label:<24} {chained:16.2f} {alone:14.2f} {(chained + alone) / 2:7.2f}")
+        print(flush=True)
+
+
+if __name__ == "__main__":
+    main()
