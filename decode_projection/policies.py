@@ -32,6 +32,10 @@ SHARED_LOAD_CANDIDATES = 2  # slots for the best tactic with its activations mul
 SHARED_LOAD_ROWS = 32  # activation tiles from here on cost enough L2 traffic to share
 COLUMN_GROUP_CANDIDATES = 2  # slots for the best 64-row tactics with two warpgroups splitting the activations
 WEIGHT_AS_B_CANDIDATES = 4  # slots for the best tactics with the weight as wgmma's B, sized to fill the SMs
+# From these activation rows on the weight as B is worth timing: at M=64 its SM-filling tiles beat every
+# weight-as-A tactic on the largest weights by 3-4% (6288 x 7168: 48 x 64 tiles, 131 CTAs; 20480 x 7168:
+# 160 x 64, 128 CTAs), where 64 activation rows do 64 FLOP per weight byte (docs/performance.md, v17).
+WEIGHT_AS_B_ROWS = 32
 MOST_CTAS_PER_SM = 6  # enough for a 64-row, split-2 grid of the largest shape to fit in one wave
 RESERVED_SMEM_PER_CTA = 1024  # what the driver keeps per resident CTA on sm_90
 SM_FLOPS_PER_US = 5.1e6  # dense BF16 wgmma per SM as fitted, ~70% of the datasheet 989 TFLOPS / 132
@@ -275,7 +279,9 @@ def weight_as_b_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> list
     activation tiles = 128 CTAs).
     """
     found = []
-    for acts in ACTIVATION_ROWS_AS_A:
+    # At streaming batches one 64-row tile covers the batch; a wider one would only add zero rows.
+    tiles = ACTIVATION_ROWS_AS_A if activation_rows_for(batch) >= COMPUTE_BOUND_ROWS else ACTIVATION_ROWS_AS_A[:1]
+    for acts in tiles:
         m_tiles = math.ceil(batch / acts)
         for split in [s for s in SPLITS if s <= largest_split(k)]:
             tiles_per_wave = gpu.clusters_at_once(split) // m_tiles
@@ -334,11 +340,11 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     with its activation tile multicast to 2 and 4 weight tiles, from
     SHARED_LOAD_ROWS activation rows on (multicast never changes the sums), unless
     rounding the tiles up to whole groups would push a one-wave grid into a second;
-    and at compute-bound batches up to COLUMN_GROUP_CANDIDATES to the best 64-row
+    at compute-bound batches up to COLUMN_GROUP_CANDIDATES to the best 64-row
     tactics with two consumer warpgroups splitting the activation tile (the model
-    cannot tell how busy they keep the tensor pipe: only timing can), and up to
-    WEIGHT_AS_B_CANDIDATES to tactics with the weight as wgmma's B, unless ``order``
-    pins the summation order (the GPU tests verify batch invariance for the weight
+    cannot tell how busy they keep the tensor pipe: only timing can); and from
+    WEIGHT_AS_B_ROWS activation rows on up to WEIGHT_AS_B_CANDIDATES to tactics
+    with the weight as wgmma's B, unless ``order`` pins the summation order (the GPU tests verify batch invariance for the weight
     as A only). The groups fill the list in that order and what passes ``limit`` is
     dropped: at compute-bound batches the reserved slots alone exceed 8 (the H200
     tables were tuned with 12 to 16).
@@ -352,13 +358,12 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     family_bests.sort(key=ranked.index)
     chosen = [pick] + family_bests
     chosen += [t for t in ranked if t not in chosen]
-    compute_bound = activation_rows_for(batch) >= COMPUTE_BOUND_ROWS
     columns, weight_as_b = [], []
-    if compute_bound:
+    if activation_rows_for(batch) >= COMPUTE_BOUND_ROWS:
         columns = [replace(t, column_groups=2) for t in chosen if t.weight_rows == WGMMA_ROWS]
         columns = [t for t in columns if t.valid][:COLUMN_GROUP_CANDIDATES]
-        if order is None:
-            weight_as_b = weight_as_b_tactics(n, k, batch, gpu)[:WEIGHT_AS_B_CANDIDATES]
+    if activation_rows_for(batch) >= WEIGHT_AS_B_ROWS and order is None:
+        weight_as_b = weight_as_b_tactics(n, k, batch, gpu)[:WEIGHT_AS_B_CANDIDATES]
     reserved = SHARED_LOAD_CANDIDATES + (WIDE_STAGE_CANDIDATES if order is None else 0) + len(columns) \
         + len(weight_as_b)
     base = chosen[: max(1, limit - reserved)]

@@ -90,11 +90,8 @@ def _after(separator, launch):
     return separated
 
 
-def graph_time_us(launch, copies: int, *, repeats: int = 15, separator=None, separator_us=None) -> float:
-    """Median microseconds per launch of ``launch(i)`` (see interleaved_time_us), with the
-    separator's time measured alongside or given as ``separator_us``."""
-    if separator is not None and separator_us is not None:
-        return interleaved_time_us({0: _after(separator, launch)}, copies, repeats=repeats)[0] - separator_us
+def graph_time_us(launch, copies: int, *, repeats: int = 15, separator=None) -> float:
+    """Median microseconds per launch of ``launch(i)`` timed alone (see interleaved_time_us)."""
     return interleaved_time_us({0: launch}, copies, repeats=repeats, separator=separator)[0]
 
 

@@ -3,8 +3,8 @@
 For each (N, K, padded batch) the tuner takes the heuristic's pick plus the
 tactics the cost model ranks best (``candidate_tactics``), checks each one's
 output against a float64 reference (judged against torch.matmul's own error)
-before it may win, and times it with cold L2 and CUDA-graph replay twice:
-back to back (each launch's weight prefetch overlaps the previous launch, as in
+before it may win, and times the cell's candidates with cold L2 and CUDA-graph
+replay, interleaved round by round as the benchmark times them, twice: back to back (each launch's weight prefetch overlaps the previous launch, as in
 a chain of projections with programmatic dependent launch) and after a foreign
 kernel (as after a norm or an activation, where nothing overlaps). The winner
 has the best mean of the two: a tactic that only wins by overlapping itself
@@ -52,11 +52,12 @@ from .projection import PreparedProjection
 from .runtime import architecture
 from .tactic import SplitKTactic
 from .tables import TableKey, dtype_name, key_of, table_policies, write_table
-from .timing import cold_copies, foreign_kernel, graph_time_us
+from .timing import cold_copies, foreign_kernel, interleaved_time_us
 from .warmup import compile_all
 
 # Issue 5's allowance: a batch-invariant cell may run this much over the free table at M <= 64.
 INVARIANT_EXCESS = 1.10
+TIMING_ROUNDS = 7  # median of this many replays per candidate and context
 
 
 @dataclass(frozen=True)
@@ -81,16 +82,20 @@ class ShapeTimer:
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.copies = cold_copies(n * k * 2, self.device)
         self.glue = foreign_kernel(self.device)
-        self.glue_us = graph_time_us(lambda i: self.glue(), self.copies, repeats=7)
         self.weight_dtype = weight_dtype
         self.weights = [torch.randn(n, k, device=self.device).to(weight_dtype) for _ in range(self.copies)]
 
     def time(self, batch, tactics, progress) -> list[Timed]:
-        """Check each tactic against float64, then time it in both launch contexts."""
+        """Check each tactic against float64, then time them all interleaved in both launch contexts.
+
+        Interleaved as the benchmark times them, so that drift and what ran
+        before fall on every candidate alike (one after the other, a launch's
+        time moved by up to 12% with what preceded it; docs/performance.md).
+        """
         x = torch.randn(batch, self.k, device=self.device).to(self.weight_dtype)
         outs = [torch.empty(batch, self.n, device=self.device, dtype=self.output_dtype) for _ in range(self.copies)]
         reference = Reference(x, self.weights[0], self.output_dtype)
-        timed = []
+        launches = {}
         for tactic in tactics:
             projections = [
                 PreparedProjection(w, {batch: tactic}, output_dtype=self.output_dtype).prepare() for w in self.weights
@@ -98,15 +103,11 @@ class ShapeTimer:
             outs[0].fill_(float("nan"))
             projections[0].run(x, outs[0])
             reference.check(outs[0], label=f"{self.n}x{self.k} M={batch} {tactic}")
-
-            def launch(i, projections=projections):
-                projections[i].run(x, outs[i])
-
-            chained = graph_time_us(launch, self.copies, repeats=7)
-            alone = graph_time_us(launch, self.copies, repeats=7, separator=self.glue, separator_us=self.glue_us)
-            timed.append(Timed(tactic, chained, alone))
-            progress.update()
-        return timed
+            launches[tactic] = lambda i, projections=projections: projections[i].run(x, outs[i])
+        chained = interleaved_time_us(launches, self.copies, repeats=TIMING_ROUNDS)
+        alone = interleaved_time_us(launches, self.copies, repeats=TIMING_ROUNDS, separator=self.glue)
+        progress.update(len(tactics))
+        return [Timed(tactic, chained[tactic], alone[tactic]) for tactic in tactics]
 
 
 def shared_order(timed_by_batch: dict[int, list[Timed]]) -> tuple:

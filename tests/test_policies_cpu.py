@@ -175,17 +175,21 @@ def test_wide_stage_candidates_keep_shared_memory_and_cover_k():
     assert with_k_boxes(narrow, 4).smem_bytes <= narrow.smem_bytes
 
 
-def test_weight_as_b_candidates_fill_the_sms_at_compute_bound_batches_only():
+def test_weight_as_b_candidates_fill_the_sms_from_32_activation_rows_on():
     for (n, k) in KIMI_K3_SHAPES:
-        for batch in (1, 64):
+        for batch in (1, 16):
             assert not any(t.weight_as_b for t in candidate_tactics(n, k, batch, limit=16))
-        for batch in (96, 256):
+        for batch in (24, 64, 96, 256):
             found = [t for t in candidate_tactics(n, k, batch, limit=16) if t.weight_as_b]
             assert found and all(t.valid for t in found), f"{n}x{k} M={batch}"
     # 7168 rows at 256: 64 tiles of 112 rows x 2 activation tiles, one wave, where 64-row tiles fill 112 SMs.
     best_unsplit = weight_as_b_tactics(7168, 14336, 256)[0]
     assert (best_unsplit.weight_rows, best_unsplit.activation_rows, best_unsplit.split) == (112, 128, 1)
     assert grid_ctas(best_unsplit, 7168, 256) == 128 and waves(best_unsplit, 7168, 256) == 1
+    # At M=64 one 64-row activation tile: 6288 rows in 131 tiles of 48, the winner of the v17 probe.
+    streaming = weight_as_b_tactics(6288, 7168, 64)[0]
+    assert (streaming.weight_rows, streaming.activation_rows, streaming.split) == (48, 64, 1)
+    assert grid_ctas(streaming, 6288, 64) == 131
 
 
 def test_a_weight_as_b_order_cannot_be_pinned():
