@@ -28,13 +28,14 @@ CELLS = {
 COLUMNS = {  # heading: ncu metric (percentages of peak over the kernel's elapsed time)
     "us": "gpu__time_duration.sum",
     "MHz": "gpc__cycles_elapsed.avg.per_second",
-    "SM busy": "sm__cycles_active.avg.pct_of_peak_sustained_elapsed",
     "tensor": "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
     "smem rd": "l1tex__data_bank_reads.avg.pct_of_peak_sustained_elapsed",
     "smem wr": "l1tex__data_bank_writes.avg.pct_of_peak_sustained_elapsed",
     "L2": "lts__throughput.avg.pct_of_peak_sustained_elapsed",
-    "HBM": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "HBM": "dram__bytes_read.sum.pct_of_peak_sustained_elapsed",
 }
+# SM busy: the average SM's active cycles over the elapsed cycles (how much of the GPU the grid kept busy).
+ACTIVE, ELAPSED = "sm__cycles_active.avg", "gpc__cycles_elapsed.max"
 STALLS = ("smsp__average_warps_issue_stalled_", "_per_issue_active.ratio")
 OURS = "SplitKGemm"  # in our kernels' names; every other profiled kernel is torch.matmul's
 
@@ -69,13 +70,15 @@ def summarize(csv_path, labels_path):
     with open(labels_path) as f:
         labels = iter(f.read().splitlines())
     rows = ncu_rows(csv_path)
-    print(f"{'kernel':<40}" + "".join(f"{heading:>8}" for heading in COLUMNS) + "  top stalls (warps per issue)")
+    headings = [*COLUMNS, "SM busy"]
+    print(f"{'kernel':<40}" + "".join(f"{heading:>8}" for heading in headings) + "  top stalls (warps per issue)")
     for row in rows:
         name = row["Kernel Name"]
         label = next(labels) if OURS in name else f"  torch.matmul: {name[:24]}"
         values = [number(row[metric]) if row.get(metric) else float("nan") for metric in COLUMNS.values()]
         values[0] /= 1e3
         values[1] /= 1e6
+        values.append(100 * number(row[ACTIVE]) / number(row[ELAPSED]))
         stalls = sorted(((number(v), key[len(STALLS[0]):-len(STALLS[1])]) for key, v in row.items()
                          if key.startswith(STALLS[0]) and key.endswith(STALLS[1]) and v), reverse=True)
         print(f"{label:<40}" + "".join(f"{v:8.1f}" for v in values) + "  "
