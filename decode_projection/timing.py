@@ -95,7 +95,11 @@ def graph_time_us(launch, copies: int, *, repeats: int = 15, separator=None) -> 
     return interleaved_time_us({0: launch}, copies, repeats=repeats, separator=separator)[0]
 
 
-def foreign_kernel(device=None):
-    """A small elementwise kernel standing in for the glue between projections in a model."""
+def foreign_kernel(device):
+    """A small elementwise kernel on CUDA ``device``, standing in for the glue between projections in a model."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        # On the CPU it would put nothing between the launches it is meant to separate.
+        raise ValueError(f"the glue kernel must run on a CUDA device, got {device}")
     scratch = torch.zeros(4096, device=device)
     return lambda: scratch.add_(1.0)

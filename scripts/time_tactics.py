@@ -53,7 +53,7 @@ def time_cell(n, k, batch, tactics):
         reference.check(projections[0].run(x, outs[0]), label=f"{n}x{k} M={batch} {tactic.label}")
         launches[tactic.label] = lambda i, projections=projections: projections[i].run(x, outs[i])
     chained = interleaved_time_us(launches, copies)
-    alone = interleaved_time_us(launches, copies, separator=foreign_kernel())
+    alone = interleaved_time_us(launches, copies, separator=foreign_kernel(x.device))
     return {label: (chained[label], alone[label]) for label in launches}
 
 

@@ -26,7 +26,7 @@ def test_interleaved_timing_tells_launches_apart():
     halves = [w[: n // 2] for w in weights]
     times = interleaved_time_us(
         {"whole": lambda i: stream_read(weights[i]), "half": lambda i: stream_read(halves[i])}, copies,
-        separator=foreign_kernel(),
+        separator=foreign_kernel("cuda"),
     )
     # Half the bytes stream in about half the time; the separator's own time is taken off both.
     assert 0.4 < times["half"] / times["whole"] < 0.65, times
