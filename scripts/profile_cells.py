@@ -23,6 +23,7 @@ import io
 
 CELLS = ((8448, 7168, 1), (7168, 14336, 1), (20480, 7168, 1), (3584, 7168, 1), (2112, 7168, 1), (7168, 14336, 64))
 METRICS = ("gpu__time_duration.sum", "dram__bytes_read.sum", "lts__t_sector_op_read_hit_rate.pct")
+OURS = "SplitKGemm"  # in our kernels' names; every other profiled kernel is torch.matmul's
 
 
 def launch_cells(labels_path):
@@ -63,6 +64,31 @@ def launch_cells(labels_path):
         labels.append(f"{n}x{k} read-only kernel")
         alive += [weight, x, out, projection]
     launches[-1]()  # the read-only kernel's module, too
+    profile(launches, labels, labels_path)
+
+
+def launch_tactics(cells, labels_path):
+    """Run every tactic of every ``{(n, k, batch): tactics}`` cell, then torch.matmul on the same inputs,
+    once each inside the profiler range; label our launches (torch.matmul's are told apart by kernel name)."""
+    import torch
+
+    from decode_projection.projection import PreparedProjection
+    from decode_projection.tactic import as_tactic
+
+    labels, launches, alive = [], [], []
+    for (n, k, batch), tactics in cells.items():
+        weight = torch.randn(n, k, device="cuda").to(torch.bfloat16)
+        x = torch.randn(batch, k, device="cuda").to(torch.bfloat16)
+        out = torch.empty(batch, n, device="cuda", dtype=torch.bfloat16)
+        for tactic in map(as_tactic, tactics):
+            projection = PreparedProjection(weight, {batch: tactic}).prepare()
+            projection.run(x, out)  # outside the range: loads the module before anything is profiled
+            launches.append(lambda projection=projection, x=x, out=out: projection.run(x, out))
+            labels.append(f"{n}x{k} M={batch} {tactic.label}")
+            alive.append(projection)
+        launches.append(lambda weight=weight, x=x: torch.matmul(x, weight.t()))
+        torch.matmul(x, weight.t())
+        alive += [weight, x, out]
     profile(launches, labels, labels_path)
 
 

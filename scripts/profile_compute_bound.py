@@ -14,7 +14,7 @@ scripts/gpu-check with PROFILE_COMPUTE=1):
     python3 scripts/profile_compute_bound.py --summarize ncu.csv --labels labels.txt
 """
 
-from profile_cells import command_line, ncu_rows, number, profile
+from profile_cells import OURS, command_line, launch_tactics, ncu_rows, number
 
 CELLS = {
     (8448, 7168, 256): ((64, 256, 1, 5, 1, 1), (64, 256, 1, 5, 1, 2), (128, 256, 2, 4, 1, 1), (128, 128, 1, 7, 1, 1)),
@@ -28,30 +28,11 @@ METRICS = (
     "lts__t_bytes.sum",
     "gpc__cycles_elapsed.avg.per_second",
 )
-OURS = "SplitKGemm"  # in our kernels' names; every other profiled kernel is torch.matmul's
 
 
 def launch_cells(labels_path):
     """Run every tactic of every cell and then torch.matmul once inside the profiler range; label our launches."""
-    import torch
-
-    from decode_projection.projection import PreparedProjection
-
-    labels, launches, alive = [], [], []
-    for (n, k, batch), tactics in CELLS.items():
-        weight = torch.randn(n, k, device="cuda").to(torch.bfloat16)
-        x = torch.randn(batch, k, device="cuda").to(torch.bfloat16)
-        out = torch.empty(batch, n, device="cuda", dtype=torch.bfloat16)
-        for tactic in tactics:
-            projection = PreparedProjection(weight, {batch: tactic}).prepare()
-            projection.run(x, out)  # outside the range: loads the module before anything is profiled
-            launches.append(lambda projection=projection, x=x, out=out: projection.run(x, out))
-            labels.append(f"{n}x{k} M={batch} {str(tactic).replace(' ', '')}")
-            alive.append(projection)
-        launches.append(lambda weight=weight, x=x: torch.matmul(x, weight.t()))
-        torch.matmul(x, weight.t())
-        alive += [weight, x, out]
-    profile(launches, labels, labels_path)
+    launch_tactics(CELLS, labels_path)
 
 
 def summarize(csv_path, labels_path):

@@ -17,7 +17,7 @@ PROFILE_STREAMING=1):
     python3 scripts/profile_streaming.py --summarize ncu.csv --labels labels.txt
 """
 
-from profile_cells import command_line, ncu_rows, number, profile
+from profile_cells import OURS, command_line, launch_tactics, ncu_rows, number
 
 CELLS = {
     (6288, 7168, 1): ("64,8,1,6,2",),
@@ -37,32 +37,13 @@ COLUMNS = {  # heading: ncu metric (percentages of peak over the kernel's elapse
 # SM busy: the average SM's active cycles over the elapsed cycles (how much of the GPU the grid kept busy).
 ACTIVE, ELAPSED = "sm__cycles_active.avg", "gpc__cycles_elapsed.max"
 STALLS = ("smsp__average_warps_issue_stalled_", "_per_issue_active.ratio")
-OURS = "SplitKGemm"  # in our kernels' names; every other profiled kernel is torch.matmul's
 
 
 def launch_cells(labels_path):
     """Run every tactic of every cell, then torch.matmul, once inside the profiler range; label our launches."""
-    import torch
-
-    from decode_projection.projection import PreparedProjection
     from time_tactics import parse_tactic
 
-    labels, launches, alive = [], [], []
-    for (n, k, batch), tactics in CELLS.items():
-        weight = torch.randn(n, k, device="cuda").to(torch.bfloat16)
-        x = torch.randn(batch, k, device="cuda").to(torch.bfloat16)
-        out = torch.empty(batch, n, device="cuda", dtype=torch.bfloat16)
-        for text in tactics:
-            tactic = parse_tactic(text)
-            projection = PreparedProjection(weight, {batch: tactic}).prepare()
-            projection.run(x, out)  # outside the range: loads the module before anything is profiled
-            launches.append(lambda projection=projection, x=x, out=out: projection.run(x, out))
-            labels.append(f"{n}x{k} M={batch} {tactic.label}")
-            alive.append(projection)
-        launches.append(lambda weight=weight, x=x: torch.matmul(x, weight.t()))
-        torch.matmul(x, weight.t())
-        alive += [weight, x, out]
-    profile(launches, labels, labels_path)
+    launch_tactics({cell: [parse_tactic(t) for t in tactics] for cell, tactics in CELLS.items()}, labels_path)
 
 
 def summarize(csv_path, labels_path):
