@@ -127,7 +127,9 @@ class SplitKGemm:
         ).launch(
             grid=(n_tiles * t.split, m_tiles, 1),
             block=(t.threads, 1, 1),
-            cluster=(t.split * t.multicast, 1, 1),
+            # A cluster of one CTA is launched as no cluster at all: the cluster launch cost
+            # 0.3-0.5 us per launch after glue (docs/performance.md, v17).
+            cluster=(t.split * t.multicast, 1, 1) if t.split * t.multicast > 1 else None,
             stream=stream,
             use_pdl=True,
         )
