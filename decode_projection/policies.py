@@ -344,8 +344,9 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     tactics with two consumer warpgroups splitting the activation tile (the model
     cannot tell how busy they keep the tensor pipe: only timing can); and from
     WEIGHT_AS_B_ROWS activation rows on up to WEIGHT_AS_B_CANDIDATES to tactics
-    with the weight as wgmma's B, unless ``order`` pins the summation order (the GPU tests verify batch invariance for the weight
-    as A only). The groups fill the list in that order and what passes ``limit`` is
+    with the weight as wgmma's B, unless ``order`` pins the summation order (the
+    GPU tests verify batch invariance for the weight as A only). The groups fill
+    the list in that order and what passes ``limit`` is
     dropped: at compute-bound batches the reserved slots alone exceed 8 (the H200
     tables were tuned with 12 to 16).
     """
