@@ -4,8 +4,9 @@ For each (N, K, padded batch) the tuner takes the heuristic's pick plus the
 tactics the cost model ranks best (``candidate_tactics``), checks each one's
 output against a float64 reference (judged against torch.matmul's own error)
 before it may win, and times the cell's candidates with cold L2 and CUDA-graph
-replay, interleaved round by round as the benchmark times them, twice: back to back (each launch's weight prefetch overlaps the previous launch, as in
-a chain of projections with programmatic dependent launch) and after a foreign
+replay, interleaved round by round as the benchmark times them, twice: back to
+back (each launch's weight prefetch overlaps the previous launch, as in a chain
+of projections with programmatic dependent launch) and after a foreign
 kernel (as after a norm or an activation, where nothing overlaps). The winner
 has the best mean of the two: a tactic that only wins by overlapping itself
 would leave a model with glue between its projections slower. Pruning is
@@ -148,8 +149,8 @@ def shared_order(timed_by_batch: dict[int, list[Timed]]) -> tuple:
 def incumbent_tactics(tables, n, k, batch, gpu, *, weight_dtype, output_dtype) -> list[SplitKTactic]:
     """The tactics ``tables`` hold for this cell (free table first, then batch-invariant), then the free
     table's for the next larger batch whose activation tile covers this one (the rows past the batch read
-    zeros; the weight as A: weight-as-B tactics are offered at compute-bound batches only): in the v15
-    benchmark the next batch's ran faster at its own batch than this batch's in 21 cells."""
+    zeros): in the v15 benchmark the next batch's ran faster at its own batch than this batch's in 21 cells.
+    Weight as A only, as measured there; weight-as-B tactics have a candidate group of their own."""
     def key(invariant):
         return TableKey(gpu.name, gpu.sm_count, n, k, dtype_name(weight_dtype), dtype_name(output_dtype), invariant)
 
