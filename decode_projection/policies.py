@@ -18,7 +18,7 @@ import torch
 
 from .tactic import (
     ACTIVATION_ROWS, ACTIVATION_ROWS_AS_A, BARRIER_BYTES, BOX_K, K_BOXES, MULTICASTS, PORTABLE_CLUSTER, SPLITS,
-    WEIGHT_ROWS, WEIGHT_ROWS_AS_B, WGMMA_ROWS, SplitKTactic, as_tactic, max_stages,
+    WEIGHT_ROWS, WEIGHT_ROWS_AS_A, WEIGHT_ROWS_AS_B, WGMMA_ROWS, SplitKTactic, as_tactic, max_stages,
 )
 
 MIN_K_TILES_PER_CTA = 4  # fewer and the pipeline never fills
@@ -32,6 +32,7 @@ SHARED_LOAD_CANDIDATES = 2  # slots for the best tactic with its activations mul
 SHARED_LOAD_ROWS = 32  # activation tiles from here on cost enough L2 traffic to share
 COLUMN_GROUP_CANDIDATES = 2  # slots for the best 64-row tactics with two warpgroups splitting the activations
 WEIGHT_AS_B_CANDIDATES = 4  # slots for the best tactics with the weight as wgmma's B, sized to fill the SMs
+PADDED_TILE_CANDIDATES = 2  # slots for SM-filling weight-as-A tiles padded to whole warpgroups, unsplit and split
 # From these activation rows on the weight as B is worth timing: at M=64 its SM-filling tiles beat every
 # weight-as-A tactic on the largest weights by 3-4% (6288 x 7168: 48 x 64 tiles, 131 CTAs; 20480 x 7168:
 # 160 x 64, 128 CTAs), where 64 activation rows do 64 FLOP per weight byte (docs/performance.md, v17).
@@ -228,7 +229,7 @@ def predicted_time_us(n: int, k: int, batch: int, tactic: SplitKTactic, gpu: Gpu
     act_us = n_tiles * m_tiles * tactic.activation_rows * k * 2 / l2_bytes_per_us
     # The busiest SM runs one CTA's MMAs per wave of one CTA per SM, one wave after another.
     k_tiles_per_cta = math.ceil(math.ceil(k / tactic.tile_k) / tactic.split)
-    cta_flops = 2 * tactic.weight_rows * tactic.activation_rows * tactic.tile_k * k_tiles_per_cta
+    cta_flops = 2 * math.prod(tactic.tile_mnk) * k_tiles_per_cta
     compute_us = waves(tactic, n, batch, gpu) * cta_flops / SM_FLOPS_PER_US
     extra_waves = waves(tactic, n, batch, gpu, per_sm) - 1
     reduction = reduce_us if tactic.split > 1 else 0.0
@@ -268,29 +269,46 @@ def pool_tactics(batch, k, gpu: GpuSpec = H200, *, order=None):
     return pool
 
 
-def weight_as_b_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> list[SplitKTactic]:
-    """Tactics with the weight as wgmma's B: for each activation tile and split, the narrowest
-    weight tile (a multiple of 8 rows) whose grid of whole clusters fits in the fewest waves, at
-    the deepest pipeline. The best predicted without split K and with it come first (the model
-    has not been fitted to these tactics), then the rest by prediction.
+def filling_rows(n: int, tiles_per_wave: int, most_rows: int) -> int:
+    """The narrowest weight tile (a multiple of 8 rows, at most ``most_rows``) whose tiles take the
+    fewest waves of ``tiles_per_wave``."""
+    wave = 1
+    while (rows := 8 * math.ceil(n / (8 * wave * tiles_per_wave))) > most_rows:
+        wave += 1
+    return rows
+
+
+def filling_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, weight_as_b: bool,
+                    order=None) -> list[SplitKTactic]:
+    """Tactics whose weight tiles are sized to fill the SMs: for each activation tile and split,
+    the narrowest tile of a multiple of 8 rows whose grid of whole clusters fits in the fewest
+    waves, at the deepest pipeline. The best predicted without split K and with it come first
+    (the model has not been fitted to these tactics), then the rest by prediction.
 
     64-row weight tiles leave SMs idle where N / 64 tiles do not divide the SMs (7168 rows fill
-    112 of 132); a weight tile of any multiple of 8 rows can fill them (64 tiles of 112 x 2
-    activation tiles = 128 CTAs).
+    112 of 132); a tile of any multiple of 8 rows can fill them (128 tiles of 56). With the
+    weight as B the activations are wgmma's A, one or two 64-row tiles; with the weight as A
+    its tile is padded to whole warpgroups in shared memory (``SplitKTactic.weight_smem_rows``).
+    ``order`` = (split, k boxes) pins the summation order (weight as A only).
     """
     found = []
-    # At streaming batches one 64-row tile covers the batch; a wider one would only add zero rows.
-    tiles = ACTIVATION_ROWS_AS_A if activation_rows_for(batch) >= COMPUTE_BOUND_ROWS else ACTIVATION_ROWS_AS_A[:1]
+    if weight_as_b:
+        # At streaming batches one 64-row tile covers the batch; a wider one would only add zero rows.
+        compute_bound = activation_rows_for(batch) >= COMPUTE_BOUND_ROWS
+        tiles, most_rows = (ACTIVATION_ROWS_AS_A if compute_bound else ACTIVATION_ROWS_AS_A[:1]), WEIGHT_ROWS_AS_B[-1]
+    else:
+        tiles, most_rows = [activation_rows_for(batch)], WEIGHT_ROWS_AS_A[-1]
+    splits = [order[0]] if order is not None else [s for s in SPLITS if s <= largest_split(k)]
+    k_boxes = order[1] if order is not None else 1
     for acts in tiles:
         m_tiles = math.ceil(batch / acts)
-        for split in [s for s in SPLITS if s <= largest_split(k)]:
+        for split in splits:
             tiles_per_wave = gpu.clusters_at_once(split) // m_tiles
             if tiles_per_wave == 0:
                 continue
-            wave = 1
-            while (rows := 8 * math.ceil(n / (8 * wave * tiles_per_wave))) > WEIGHT_ROWS_AS_B[-1]:
-                wave += 1
-            tactic = SplitKTactic(rows, acts, split, max_stages(rows, acts, split), weight_as_b=True)
+            rows = filling_rows(n, tiles_per_wave, most_rows)
+            stages = max_stages(rows, acts, split, k_boxes, weight_as_b=weight_as_b)
+            tactic = SplitKTactic(rows, acts, split, stages, k_boxes, weight_as_b=weight_as_b)
             if tactic.stages >= MIN_STAGES and tactic.valid:
                 found.append(tactic)
     found.sort(key=lambda t: (predicted_time_us(n, k, batch, t, gpu), str(t)))
@@ -334,21 +352,23 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     (weight rows, activation rows, split) family, then its best overall.
 
     Up to WIDE_STAGE_CANDIDATES of the slots after the first ``limit -
-    WIDE_STAGE_CANDIDATES - SHARED_LOAD_CANDIDATES`` go to 2- and 4-box variants of
-    the first two (the model cannot tell stage widths apart: only timing can), unless
-    ``order`` pins the split and K boxes; up to SHARED_LOAD_CANDIDATES to the first
-    with its activation tile multicast to 2 and 4 weight tiles, from
-    SHARED_LOAD_ROWS activation rows on (multicast never changes the sums), unless
-    rounding the tiles up to whole groups would push a one-wave grid into a second;
-    at compute-bound batches up to COLUMN_GROUP_CANDIDATES to the best 64-row
-    tactics with two consumer warpgroups splitting the activation tile (the model
-    cannot tell how busy they keep the tensor pipe: only timing can); and from
-    WEIGHT_AS_B_ROWS activation rows on up to WEIGHT_AS_B_CANDIDATES to tactics
-    with the weight as wgmma's B, unless ``order`` pins the summation order (the
-    GPU tests verify batch invariance for the weight as A only). The groups fill
-    the list in that order and what passes ``limit`` is
-    dropped: at compute-bound batches the reserved slots alone exceed 8 (the H200
-    tables were tuned with 12 to 16).
+    WIDE_STAGE_CANDIDATES - SHARED_LOAD_CANDIDATES - PADDED_TILE_CANDIDATES`` go
+    to 2- and 4-box variants of the first two (the model cannot tell stage
+    widths apart: only timing can), unless ``order`` pins the split and K boxes;
+    up to SHARED_LOAD_CANDIDATES to the first with its activation tile multicast
+    to 2 and 4 weight tiles, from SHARED_LOAD_ROWS activation rows on (multicast
+    never changes the sums), unless rounding the tiles up to whole groups would
+    push a one-wave grid into a second; at streaming batches up to
+    PADDED_TILE_CANDIDATES to SM-filling weight tiles that are not whole
+    warpgroups (same summation order); at compute-bound batches up to
+    COLUMN_GROUP_CANDIDATES to the best 64-row tactics with two consumer
+    warpgroups splitting the activation tile (the model cannot tell how busy
+    they keep the tensor pipe: only timing can); and from WEIGHT_AS_B_ROWS
+    activation rows on up to WEIGHT_AS_B_CANDIDATES to tactics with the weight
+    as wgmma's B, unless ``order`` pins the summation order (the GPU tests
+    verify batch invariance for the weight as A only). The groups fill the list
+    in that order and what passes ``limit`` is dropped: at compute-bound batches
+    the reserved slots alone exceed 8 (the H200 tables were tuned with 12 to 16).
     """
     pick = default_tactic(n, k, batch, gpu, order=order)
     # Ties go to the deeper pipeline: they arise where every CTA has an SM to
@@ -359,14 +379,17 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     family_bests.sort(key=ranked.index)
     chosen = [pick] + family_bests
     chosen += [t for t in ranked if t not in chosen]
-    columns, weight_as_b = [], []
-    if activation_rows_for(batch) >= COMPUTE_BOUND_ROWS:
+    padded, columns, weight_as_b = [], [], []
+    if activation_rows_for(batch) < COMPUTE_BOUND_ROWS:
+        padded = [t for t in filling_tactics(n, k, batch, gpu, weight_as_b=False, order=order)
+                  if t.weight_smem_rows > t.weight_rows][:PADDED_TILE_CANDIDATES]
+    else:
         columns = [replace(t, column_groups=2) for t in chosen if t.weight_rows == WGMMA_ROWS]
         columns = [t for t in columns if t.valid][:COLUMN_GROUP_CANDIDATES]
     if activation_rows_for(batch) >= WEIGHT_AS_B_ROWS and order is None:
-        weight_as_b = weight_as_b_tactics(n, k, batch, gpu)[:WEIGHT_AS_B_CANDIDATES]
-    reserved = SHARED_LOAD_CANDIDATES + (WIDE_STAGE_CANDIDATES if order is None else 0) + len(columns) \
-        + len(weight_as_b)
+        weight_as_b = filling_tactics(n, k, batch, gpu, weight_as_b=True)[:WEIGHT_AS_B_CANDIDATES]
+    reserved = SHARED_LOAD_CANDIDATES + (WIDE_STAGE_CANDIDATES if order is None else 0) + len(padded) \
+        + len(columns) + len(weight_as_b)
     base = chosen[: max(1, limit - reserved)]
     wide = []
     if order is None:
@@ -377,7 +400,7 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
         shared = [replace(base[0], multicast=group) for group in MULTICASTS[1:]]
         shared = [t for t in shared if t.valid and fits_like(t, base[0], n, batch, gpu)]
     rest = [t for t in chosen if t not in base]
-    return (base + wide + shared + columns + weight_as_b + rest)[:limit]
+    return (base + wide + shared + padded + columns + weight_as_b + rest)[:limit]
 
 
 def resolve_policies(n, k, batches, *, gpu: GpuSpec, weight_dtype, output_dtype, batch_invariant=False,

@@ -28,6 +28,10 @@ once. The kernel is shaped around that:
   the SMs (7168 rows: 64 tiles of 112 x 2 activation tiles = 128 CTAs, where
   64-row tiles give 112), the trade cuBLAS makes at these batches. On the
   H200 it won no cell of the shipped tables (docs/performance.md, v14).
+* With the weight as A a weight tile may be any multiple of 8 rows: its
+  shared-memory tile is whole 64-row warpgroup tiles, the rows past the TMA box
+  are never loaded and their results never stored, so the grid can fill the
+  SMs at streaming batches without the weight as B.
 * Split K across the ``split`` CTAs of a thread-block cluster (short N, long K
   needs more CTAs than N tiles to fill 132 SMs). Partial sums are reduced
   through distributed shared memory in a fixed rank order: no atomics, no
@@ -179,7 +183,7 @@ class SplitKGemm:
             consumer_group=pipeline.CooperativeGroup(
                 pipeline.Agent.Thread, self.consumer_threads if t.multicast > 1 else self.consumer_threads // 32
             ),
-            tx_count=t.stage_bytes,
+            tx_count=t.stage_load_bytes,
             cta_layout_vmnk=self.sharing_layout(),
             mcast_mode_mn=(0, 1),
             enable_multicast_signaling=t.multicast > 1,
@@ -294,7 +298,7 @@ class SplitKGemm:
             if cutlass.const_expr(t.split == 1):
                 for r in cutlass.range_constexpr(cute.size(acc)):
                     n, m = self.output_index(coords[r])
-                    if row0 + n < rows and col0 + m < cols:
+                    if self.stores(n, m, row0, col0, rows, cols):
                         out[row0 + n, col0 + m, 0] = acc[r].to(out.element_type)
             else:
                 self.reduce_across_cluster(acc, coords, rank, sharer, storage, out, row0, col0)
@@ -303,6 +307,15 @@ class SplitKGemm:
         """(weight row, activation row) of an accumulator's (A row, B row) in the tile."""
         a_row, b_row = coord
         return (b_row, a_row) if self.tactic.weight_as_b else (a_row, b_row)
+
+    @cute.jit
+    def stores(self, n, m, row0, col0, rows, cols):
+        """Whether tile element (n, m) is an output: inside ``out``, and not a row the weight tile was padded with."""
+        inside = row0 + n < rows and col0 + m < cols
+        if cutlass.const_expr(self.tactic.weight_smem_rows > self.tactic.weight_rows):
+            # Padding rows hold whatever shared memory held; their sums belong to no weight row.
+            inside = inside and n < self.tactic.weight_rows
+        return inside
 
     def sharing_layout(self):
         """Who fills whose pipeline stages, for the pipeline's release signals.
@@ -329,7 +342,7 @@ class SplitKGemm:
         if nvvm.elect_sync():
             for box in cutlass.range_constexpr(t.k_boxes):
                 nvvm.cp_async_bulk_tensor_shared_cta_global(
-                    weight_tiles + state.index * (t.weight_rows * t.tile_k) + box * (t.weight_rows * BOX_K),
+                    weight_tiles + state.index * (t.weight_smem_rows * t.tile_k) + box * (t.weight_smem_rows * BOX_K),
                     descriptor,
                     [k_tile * t.tile_k + box * BOX_K, weight_row],
                     tiles.producer_get_barrier(state),
@@ -403,5 +416,5 @@ class SplitKGemm:
                 for j in cutlass.range_constexpr(width):
                     n, m = self.output_index(coords[g * width + j])
                     value = total[j].to(out.element_type)
-                    if row0 + n < rows and col0 + m < cols:
+                    if self.stores(n, m, row0, col0, rows, cols):
                         out[row0 + n, col0 + m, 0] = value

@@ -16,6 +16,12 @@ BOX_K = 64  # K of one TMA box: 64 16-bit elements = one 128-byte swizzle row
 K_BOXES = (1, 2, 4)  # boxes per stage along K: 128, 256 or 512 contiguous bytes of each weight row
 WGMMA_ROWS = 64  # rows of A (the weight, or the activations) per consumer warpgroup: wgmma M
 WEIGHT_ROWS = (64, 128, 192)  # one to three consumer warpgroups
+# With the weight as A a tile may also hold any multiple of 8 rows up to three warpgroups: its shared-memory
+# tile is rounded up to whole 64-row warpgroup tiles, whose rows past the TMA box are never loaded and whose
+# results are never stored. Such a tile lets the grid fill the SMs (7168 rows: 128 tiles of 56, where 64-row
+# tiles give 112) without the 64-row activation tile, mostly TMA zero fill at small batches, that the weight
+# as B needs (docs/performance.md, v18).
+WEIGHT_ROWS_AS_A = tuple(range(8, WEIGHT_ROWS[-1] + 1, 8))
 # Consumer warpgroups that share one 64-row weight tile, each owning a slice of the activation
 # tile, so one's barrier waits overlap the other's wgmmas (one warpgroup kept the tensor pipe
 # 64-70% busy at M=256, cuBLAS 83-87%). On the H200 two won where K <= 3584 and on 2112 x 7168,
@@ -79,7 +85,12 @@ class SplitKTactic:
         """The CTA tile as wgmma sees it: (A rows, B rows, K)."""
         if self.weight_as_b:
             return (self.activation_rows, self.weight_rows, self.tile_k)
-        return (self.weight_rows, self.activation_rows, self.tile_k)
+        return (self.weight_smem_rows, self.activation_rows, self.tile_k)
+
+    @property
+    def weight_smem_rows(self) -> int:
+        """Rows of a weight tile in shared memory: with the weight as A, whole 64-row warpgroup tiles."""
+        return self.weight_rows if self.weight_as_b else math.ceil(self.weight_rows / WGMMA_ROWS) * WGMMA_ROWS
 
     @property
     def consumer_groups(self) -> int:
@@ -106,6 +117,11 @@ class SplitKTactic:
     @property
     def stage_bytes(self) -> int:
         """Shared memory of one pipeline stage: a weight tile and an activation tile."""
+        return (self.weight_smem_rows + self.activation_rows) * self.tile_k * 2
+
+    @property
+    def stage_load_bytes(self) -> int:
+        """Bytes the TMA loads of one stage write (the pipeline barrier's transaction count)."""
         return (self.weight_rows + self.activation_rows) * self.tile_k * 2
 
     @property
@@ -143,7 +159,7 @@ class SplitKTactic:
     def problems(self) -> list[str]:
         """Why this tactic cannot run (empty when it can): the one validity predicate."""
         choices = {
-            "weight rows": (self.weight_rows, WEIGHT_ROWS_AS_B if self.weight_as_b else WEIGHT_ROWS),
+            "weight rows": (self.weight_rows, WEIGHT_ROWS_AS_B if self.weight_as_b else WEIGHT_ROWS_AS_A),
             "activation rows": (self.activation_rows, ACTIVATION_ROWS_AS_A if self.weight_as_b else ACTIVATION_ROWS),
             "split": (self.split, SPLITS),
             "k boxes": (self.k_boxes, K_BOXES),
@@ -188,7 +204,7 @@ def as_tactic(tactic) -> SplitKTactic:
     return tactic
 
 
-def max_stages(weight_rows: int, activation_rows: int, split: int, k_boxes: int = 1) -> int:
+def max_stages(weight_rows: int, activation_rows: int, split: int, k_boxes: int = 1, *, weight_as_b=False) -> int:
     """The deepest pipeline that fits in shared memory."""
-    probe = SplitKTactic(weight_rows, activation_rows, split, 1, k_boxes)
+    probe = SplitKTactic(weight_rows, activation_rows, split, 1, k_boxes, weight_as_b=weight_as_b)
     return (SMEM_CAPACITY - BARRIER_BYTES) // probe.stage_bytes

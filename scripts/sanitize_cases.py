@@ -1,6 +1,7 @@
 """A few small projections for compute-sanitizer (memcheck, racecheck): split 1, 2, 4 and 8; 1, 2 and 4 K boxes;
 activations multicast to 2 and 4 weight tiles; 64, 128 and 192 weight rows (the last with 256 activation rows too);
-two consumer warpgroups splitting the activation tile; the weight as wgmma's B."""
+two consumer warpgroups splitting the activation tile; the weight as wgmma's B; weight tiles padded to whole
+warpgroups."""
 
 import torch
 
@@ -30,6 +31,9 @@ CASES = [
     # The weight as wgmma's B in tiles that are not a multiple of 64 rows: alone, with split K and multicast.
     (SplitKTactic(112, 128, 1, 4, 1, 1, 1, True), 300, 1000, 200),
     (SplitKTactic(40, 64, 3, 4, 2, 2, 1, True), 136, 1544, 100),
+    # Weight-as-A tiles padded to whole warpgroups: one and three warpgroups, with split K and multicast.
+    (SplitKTactic(56, 8, 1, 6, 2), 300, 1000, 3),
+    (SplitKTactic(160, 32, 3, 3, 1, 2), 500, 1544, 40),
 ]
 
 for tactic, n, k, batch in CASES:

@@ -38,6 +38,15 @@ GRID += [
     SplitKTactic(64, 32, 4, 4, 2, 2), SplitKTactic(128, 256, 1, 2, 1, 4), SplitKTactic(64, 16, 2, 6, 1, 2),
 ]
 
+# Weight tiles of any multiple of 8 rows with the weight as A, padded to whole warpgroups in shared memory:
+# one, two and three warpgroups, the narrowest tile, split K with uneven slices, multicast, wide stages,
+# register reallocation, and a tile so narrow that most of its warpgroup tile is padding.
+GRID += [
+    SplitKTactic(56, 8, 1, max_stages(56, 8, 1, 2), 2), SplitKTactic(48, 16, 2, 6), SplitKTactic(160, 8, 1, 6),
+    SplitKTactic(112, 64, 3, 4), SplitKTactic(40, 32, 1, 4, 1, 4), SplitKTactic(120, 48, 2, 2, 4),
+    SplitKTactic(184, 256, 1, 2), SplitKTactic(8, 8, 5, 8), SplitKTactic(24, 128, 1, 4, 1, 2),
+]
+
 # Two consumer warpgroups splitting the activation tile of a 64-row weight tile: with split K (a reduction
 # over 256 threads of half-tile accumulators), multicast, wide stages and partly filled batches.
 GRID += [

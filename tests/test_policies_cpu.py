@@ -10,7 +10,7 @@ import torch
 from decode_projection import policies, tables
 from decode_projection.policies import (
     COMPUTE_BOUND_ROWS, H200, activation_rows_for, activation_tile_choices, candidate_tactics, default_policies,
-    default_tactic, grid_ctas, predicted_time_us, resolve_policies, waves, weight_as_b_tactics, with_k_boxes,
+    default_tactic, grid_ctas, predicted_time_us, resolve_policies, waves, filling_tactics, with_k_boxes,
 )
 from decode_projection.tactic import SplitKTactic
 from decode_projection.workload import DECODE_BATCHES, KIMI_K3_SHAPES
@@ -183,13 +183,28 @@ def test_weight_as_b_candidates_fill_the_sms_from_32_activation_rows_on():
             found = [t for t in candidate_tactics(n, k, batch, limit=16) if t.weight_as_b]
             assert found and all(t.valid for t in found), f"{n}x{k} M={batch}"
     # 7168 rows at 256: 64 tiles of 112 rows x 2 activation tiles, one wave, where 64-row tiles fill 112 SMs.
-    best_unsplit = weight_as_b_tactics(7168, 14336, 256)[0]
+    best_unsplit = filling_tactics(7168, 14336, 256, weight_as_b=True)[0]
     assert (best_unsplit.weight_rows, best_unsplit.activation_rows, best_unsplit.split) == (112, 128, 1)
     assert grid_ctas(best_unsplit, 7168, 256) == 128 and waves(best_unsplit, 7168, 256) == 1
     # At M=64 one 64-row activation tile: 6288 rows in 131 tiles of 48, the winner of the v17 probe.
-    streaming = weight_as_b_tactics(6288, 7168, 64)[0]
+    streaming = filling_tactics(6288, 7168, 64, weight_as_b=True)[0]
     assert (streaming.weight_rows, streaming.activation_rows, streaming.split) == (48, 64, 1)
     assert grid_ctas(streaming, 6288, 64) == 131
+
+
+def test_padded_weight_tiles_fill_the_sms_at_streaming_batches():
+    # 7168 rows: 128 tiles of 56 (padded to one warpgroup); 6288: 131 of 48; 20480: 128 of 160 (three warpgroups).
+    for (n, rows, ctas) in ((7168, 56, 128), (6288, 48, 131), (20480, 160, 128)):
+        for batch in (1, 16, 64):
+            best = filling_tactics(n, 7168, batch, weight_as_b=False)[0]
+            assert (best.weight_rows, best.split, best.weight_as_b) == (rows, 1, False)
+            assert best.weight_smem_rows == 64 * math.ceil(rows / 64) and grid_ctas(best, n, batch) == ctas
+            assert best in candidate_tactics(n, 7168, batch, limit=16), f"{n} M={batch}"
+    for (n, k) in KIMI_K3_SHAPES:
+        for batch in (96, 256):
+            assert all(t.weight_smem_rows == t.weight_rows for t in candidate_tactics(n, k, batch, limit=16))
+    # A pinned summation order keeps its split and K boxes.
+    assert all(t.summation_order == (1, 2) for t in filling_tactics(7168, 4224, 1, weight_as_b=False, order=(1, 2)))
 
 
 def test_a_weight_as_b_order_cannot_be_pinned():
