@@ -32,7 +32,7 @@ SHARED_LOAD_CANDIDATES = 2  # slots for the best tactic with its activations mul
 SHARED_LOAD_ROWS = 32  # activation tiles from here on cost enough L2 traffic to share
 COLUMN_GROUP_CANDIDATES = 2  # slots for the best 64-row tactics with two warpgroups splitting the activations
 WEIGHT_AS_B_CANDIDATES = 4  # slots for the best tactics with the weight as wgmma's B, sized to fill the SMs
-PADDED_TILE_CANDIDATES = 2  # slots for SM-filling weight-as-A tiles padded to whole warpgroups, unsplit and split
+PADDED_TILE_CANDIDATES = 3  # slots for SM-filling weight-as-A tiles padded to whole warpgroups (padded_tile_tactics)
 # From these activation rows on the weight as B is worth timing: at M=64 its SM-filling tiles beat every
 # weight-as-A tactic on the largest weights by 3-4% (6288 x 7168: 48 x 64 tiles, 131 CTAs; 20480 x 7168:
 # 160 x 64, 128 CTAs), where 64 activation rows do 64 FLOP per weight byte (docs/performance.md, v17).
@@ -317,6 +317,27 @@ def filling_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, weight_a
     return leaders + [t for t in found if t not in leaders]
 
 
+def padded_tile_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, order=None) -> list[SplitKTactic]:
+    """SM-filling weight-as-A tiles that are not whole warpgroups: the unsplit one in stages of 4
+    and 2 boxes, then the best split one.
+
+    Wide stages, not the deepest one-box pipeline: with 25 one-box stages the
+    padded tile was the fastest back to back on 6288 x 7168 and 7168 x 14336 at
+    M=1 but 2-4 us slower after glue; the same boxes in flight in stages of 2 or
+    4 boxes kept its back-to-back time and lost little after glue (H200,
+    docs/performance.md, v18). ``order`` pins the split and K boxes.
+    """
+    found = [t for t in filling_tactics(n, k, batch, gpu, weight_as_b=False, order=order)
+             if t.weight_smem_rows > t.weight_rows]
+    unsplit = next((t for t in found if t.split == 1), None)
+    split = next((t for t in found if t.split > 1), None)
+    wide = []
+    if unsplit is not None and order is None:
+        wide = [with_k_boxes(unsplit, boxes) for boxes in reversed(K_BOXES[1:])]
+        wide = [t for t in wide if t.valid and t.stages >= 2 and fills_every_rank(t, k)]
+    return (wide or [t for t in [unsplit] if t is not None]) + [t for t in [split] if t is not None]
+
+
 def with_k_boxes(tactic: SplitKTactic, k_boxes: int) -> SplitKTactic:
     """``tactic`` with ``k_boxes`` boxes per stage and the same boxes in flight (so no more shared memory)."""
     return replace(tactic, k_boxes=k_boxes, stages=tactic.stages * tactic.k_boxes // k_boxes)
@@ -360,7 +381,7 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     never changes the sums), unless rounding the tiles up to whole groups would
     push a one-wave grid into a second; at streaming batches up to
     PADDED_TILE_CANDIDATES to SM-filling weight tiles that are not whole
-    warpgroups (same summation order); at compute-bound batches up to
+    warpgroups (``padded_tile_tactics``); at compute-bound batches up to
     COLUMN_GROUP_CANDIDATES to the best 64-row tactics with two consumer
     warpgroups splitting the activation tile (the model cannot tell how busy
     they keep the tensor pipe: only timing can); and from WEIGHT_AS_B_ROWS
@@ -381,8 +402,7 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     chosen += [t for t in ranked if t not in chosen]
     padded, columns, weight_as_b = [], [], []
     if activation_rows_for(batch) < COMPUTE_BOUND_ROWS:
-        padded = [t for t in filling_tactics(n, k, batch, gpu, weight_as_b=False, order=order)
-                  if t.weight_smem_rows > t.weight_rows][:PADDED_TILE_CANDIDATES]
+        padded = padded_tile_tactics(n, k, batch, gpu, order=order)[:PADDED_TILE_CANDIDATES]
     else:
         columns = [replace(t, column_groups=2) for t in chosen if t.weight_rows == WGMMA_ROWS]
         columns = [t for t in columns if t.valid][:COLUMN_GROUP_CANDIDATES]

@@ -199,7 +199,9 @@ def test_padded_weight_tiles_fill_the_sms_at_streaming_batches():
             best = filling_tactics(n, 7168, batch, weight_as_b=False)[0]
             assert (best.weight_rows, best.split, best.weight_as_b) == (rows, 1, False)
             assert best.weight_smem_rows == 64 * math.ceil(rows / 64) and grid_ctas(best, n, batch) == ctas
-            assert best in candidate_tactics(n, 7168, batch, limit=16), f"{n} M={batch}"
+            # Offered in stages of 4 or 2 boxes: the deepest one-box pipeline lost after glue.
+            offered = [t for t in candidate_tactics(n, 7168, batch, limit=16) if t.weight_smem_rows > t.weight_rows]
+            assert replace(offered[0], stages=best.stages, k_boxes=1) == best and offered[0].k_boxes > 1, f"{n} M={batch}"
     for (n, k) in KIMI_K3_SHAPES:
         for batch in (96, 256):
             assert all(t.weight_smem_rows == t.weight_rows for t in candidate_tactics(n, k, batch, limit=16))
