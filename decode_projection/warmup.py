@@ -1,7 +1,7 @@
 """Compile many kernels at once: worker processes fill the persistent cache in parallel.
 
 A projection needs one kernel per distinct tactic, and compiling one takes
-about a second of one CPU core; the shipped H200 tuned table holds 95 distinct
+about a second of one CPU core; the shipped H200 tuned table holds 103 distinct
 tactics for the Kimi-K3 shapes, so a first start that compiles them one by one
 (``prepare()`` does) waits about a minute. Compiling them in worker processes
 into the disk cache (``disk_cache.py``) first, then loading, spreads that over
