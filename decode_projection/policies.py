@@ -278,8 +278,7 @@ def filling_rows(n: int, tiles_per_wave: int, most_rows: int) -> int:
     return rows
 
 
-def filling_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, weight_as_b: bool,
-                    order=None) -> list[SplitKTactic]:
+def filling_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, weight_as_b: bool) -> list[SplitKTactic]:
     """Tactics whose weight tiles are sized to fill the SMs: for each activation tile and split,
     the narrowest tile of a multiple of 8 rows whose grid of whole clusters fits in the fewest
     waves, at the deepest pipeline. The best predicted without split K and with it come first
@@ -289,7 +288,6 @@ def filling_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, weight_a
     112 of 132); a tile of any multiple of 8 rows can fill them (128 tiles of 56). With the
     weight as B the activations are wgmma's A, one or two 64-row tiles; with the weight as A
     its tile is padded to whole warpgroups in shared memory (``SplitKTactic.weight_smem_rows``).
-    ``order`` = (split, k boxes) pins the summation order (weight as A only).
     """
     found = []
     if weight_as_b:
@@ -298,17 +296,15 @@ def filling_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, weight_a
         tiles, most_rows = (ACTIVATION_ROWS_AS_A if compute_bound else ACTIVATION_ROWS_AS_A[:1]), WEIGHT_ROWS_AS_B[-1]
     else:
         tiles, most_rows = [activation_rows_for(batch)], WEIGHT_ROWS_AS_A[-1]
-    splits = [order[0]] if order is not None else [s for s in SPLITS if s <= largest_split(k)]
-    k_boxes = order[1] if order is not None else 1
     for acts in tiles:
         m_tiles = math.ceil(batch / acts)
-        for split in splits:
+        for split in [s for s in SPLITS if s <= largest_split(k)]:
             tiles_per_wave = gpu.clusters_at_once(split) // m_tiles
             if tiles_per_wave == 0:
                 continue
             rows = filling_rows(n, tiles_per_wave, most_rows)
-            stages = max_stages(rows, acts, split, k_boxes, weight_as_b=weight_as_b)
-            tactic = SplitKTactic(rows, acts, split, stages, k_boxes, weight_as_b=weight_as_b)
+            stages = max_stages(rows, acts, split, weight_as_b=weight_as_b)
+            tactic = SplitKTactic(rows, acts, split, stages, weight_as_b=weight_as_b)
             if tactic.stages >= MIN_STAGES and tactic.valid:
                 found.append(tactic)
     found.sort(key=lambda t: (predicted_time_us(n, k, batch, t, gpu), str(t)))
@@ -317,7 +313,7 @@ def filling_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, weight_a
     return leaders + [t for t in found if t not in leaders]
 
 
-def padded_tile_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, order=None) -> list[SplitKTactic]:
+def padded_tile_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> list[SplitKTactic]:
     """SM-filling weight-as-A tiles that are not whole warpgroups: the unsplit one in stages of 4
     and 2 boxes, then the best split one.
 
@@ -325,14 +321,14 @@ def padded_tile_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, orde
     padded tile was the fastest back to back on 6288 x 7168 and 7168 x 14336 at
     M=1 but 2-4 us slower after glue; the same boxes in flight in stages of 2 or
     4 boxes kept its back-to-back time and lost little after glue (H200,
-    docs/performance.md, v18). ``order`` pins the split and K boxes.
+    docs/performance.md, v18).
     """
-    found = [t for t in filling_tactics(n, k, batch, gpu, weight_as_b=False, order=order)
+    found = [t for t in filling_tactics(n, k, batch, gpu, weight_as_b=False)
              if t.weight_smem_rows > t.weight_rows]
     unsplit = next((t for t in found if t.split == 1), None)
     split = next((t for t in found if t.split > 1), None)
     wide = []
-    if unsplit is not None and order is None:
+    if unsplit is not None:
         wide = [with_k_boxes(unsplit, boxes) for boxes in reversed(K_BOXES[1:])]
         wide = [t for t in wide if t.valid and t.stages >= 2 and fills_every_rank(t, k)]
     return (wide or [t for t in [unsplit] if t is not None]) + [t for t in [split] if t is not None]
@@ -381,7 +377,8 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     never changes the sums), unless rounding the tiles up to whole groups would
     push a one-wave grid into a second; at streaming batches up to
     PADDED_TILE_CANDIDATES to SM-filling weight tiles that are not whole
-    warpgroups (``padded_tile_tactics``); at compute-bound batches up to
+    warpgroups (``padded_tile_tactics``), unless ``order`` pins the summation
+    order (the GPU tests verify batch invariance with whole tiles only); at compute-bound batches up to
     COLUMN_GROUP_CANDIDATES to the best 64-row tactics with two consumer
     warpgroups splitting the activation tile (the model cannot tell how busy
     they keep the tensor pipe: only timing can); and from WEIGHT_AS_B_ROWS
@@ -401,8 +398,8 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     chosen = [pick] + family_bests
     chosen += [t for t in ranked if t not in chosen]
     padded, columns, weight_as_b = [], [], []
-    if activation_rows_for(batch) < COMPUTE_BOUND_ROWS:
-        padded = padded_tile_tactics(n, k, batch, gpu, order=order)[:PADDED_TILE_CANDIDATES]
+    if activation_rows_for(batch) < COMPUTE_BOUND_ROWS and order is None:
+        padded = padded_tile_tactics(n, k, batch, gpu)[:PADDED_TILE_CANDIDATES]
     else:
         columns = [replace(t, column_groups=2) for t in chosen if t.weight_rows == WGMMA_ROWS]
         columns = [t for t in columns if t.valid][:COLUMN_GROUP_CANDIDATES]
