@@ -222,7 +222,7 @@ def predicted_time_us(n: int, k: int, batch: int, tactic: SplitKTactic, gpu: Gpu
     ctas = grid_ctas(tactic, n, batch)
     per_sm = ctas_per_sm(tactic, gpu)
     resident = min(ctas, gpu.sm_count * per_sm)
-    in_flight = resident * tactic.stages * tactic.stage_bytes
+    in_flight = resident * tactic.stages * tactic.stage_load_bytes  # padding rows are never loaded
     bandwidth = min(gpu.hbm_bytes_per_us, in_flight / latency_us, min(ctas, gpu.sm_count) * SM_BYTES_PER_US)
     weight_us = m_tiles * n * k * 2 / bandwidth
     # Every CTA reads its K slice of the activation tile: per weight tile, all of K.
@@ -315,7 +315,8 @@ def filling_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, weight_a
 
 def padded_tile_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> list[SplitKTactic]:
     """SM-filling weight-as-A tiles that are not whole warpgroups: the unsplit one in stages of 4
-    and 2 boxes, then the best split one.
+    and 2 boxes (at its deepest one-box pipeline where neither fits, as at K=128), then the best
+    split one.
 
     Wide stages, not the deepest one-box pipeline: with 25 one-box stages the
     padded tile was the fastest back to back on 6288 x 7168 and 7168 x 14336 at
@@ -368,25 +369,27 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     """Up to ``limit`` valid tactics: the heuristic's pick, the cost model's best of each
     (weight rows, activation rows, split) family, then its best overall.
 
-    Up to WIDE_STAGE_CANDIDATES of the slots after the first ``limit -
-    WIDE_STAGE_CANDIDATES - SHARED_LOAD_CANDIDATES - PADDED_TILE_CANDIDATES`` go
-    to 2- and 4-box variants of the first two (the model cannot tell stage
-    widths apart: only timing can), unless ``order`` pins the split and K boxes;
-    up to SHARED_LOAD_CANDIDATES to the first with its activation tile multicast
-    to 2 and 4 weight tiles, from SHARED_LOAD_ROWS activation rows on (multicast
-    never changes the sums), unless rounding the tiles up to whole groups would
-    push a one-wave grid into a second; at streaming batches up to
-    PADDED_TILE_CANDIDATES to SM-filling weight tiles that are not whole
-    warpgroups (``padded_tile_tactics``), unless ``order`` pins the summation
-    order (the GPU tests verify batch invariance with whole tiles only); at compute-bound batches up to
-    COLUMN_GROUP_CANDIDATES to the best 64-row tactics with two consumer
-    warpgroups splitting the activation tile (the model cannot tell how busy
-    they keep the tensor pipe: only timing can); and from WEIGHT_AS_B_ROWS
-    activation rows on up to WEIGHT_AS_B_CANDIDATES to tactics with the weight
-    as wgmma's B, unless ``order`` pins the summation order (the GPU tests
-    verify batch invariance for the weight as A only). The groups fill the list
-    in that order and what passes ``limit`` is dropped: at compute-bound batches
-    the reserved slots alone exceed 8 (the H200 tables were tuned with 12 to 16).
+    The first slots go to those (all but the ones the groups below reserve:
+    SHARED_LOAD_CANDIDATES, WIDE_STAGE_CANDIDATES where no order is pinned, and as
+    many as the padded, column-group and weight-as-B groups hold). Up to
+    WIDE_STAGE_CANDIDATES of the slots after them go to 2- and 4-box variants of the
+    first two (the model cannot tell stage widths apart: only timing can), unless
+    ``order`` pins the split and K boxes; up to SHARED_LOAD_CANDIDATES to the first
+    with its activation tile multicast to 2 and 4 weight tiles, from
+    SHARED_LOAD_ROWS activation rows on (multicast never changes the sums), unless
+    rounding the tiles up to whole groups would push a one-wave grid into a second;
+    at streaming batches up to PADDED_TILE_CANDIDATES to SM-filling weight tiles
+    that are not whole warpgroups (``padded_tile_tactics``), unless ``order`` pins
+    the summation order (the GPU tests verify batch invariance with whole tiles
+    only); at compute-bound batches up to COLUMN_GROUP_CANDIDATES to the best 64-row
+    tactics with two consumer warpgroups splitting the activation tile (the model
+    cannot tell how busy they keep the tensor pipe: only timing can); and from
+    WEIGHT_AS_B_ROWS activation rows on up to WEIGHT_AS_B_CANDIDATES to tactics with
+    the weight as wgmma's B, unless ``order`` pins the summation order (the GPU
+    tests verify batch invariance for the weight as A only). The groups fill the
+    list in that order and what passes ``limit`` is dropped: at compute-bound
+    batches the reserved slots alone exceed 8 (the H200 tables were tuned with 12 to
+    16).
     """
     pick = default_tactic(n, k, batch, gpu, order=order)
     # Ties go to the deeper pipeline: they arise where every CTA has an SM to
@@ -400,7 +403,7 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     padded, columns, weight_as_b = [], [], []
     if activation_rows_for(batch) < COMPUTE_BOUND_ROWS and order is None:
         padded = padded_tile_tactics(n, k, batch, gpu)[:PADDED_TILE_CANDIDATES]
-    else:
+    if activation_rows_for(batch) >= COMPUTE_BOUND_ROWS:
         columns = [replace(t, column_groups=2) for t in chosen if t.weight_rows == WGMMA_ROWS]
         columns = [t for t in columns if t.valid][:COLUMN_GROUP_CANDIDATES]
     if activation_rows_for(batch) >= WEIGHT_AS_B_ROWS and order is None:

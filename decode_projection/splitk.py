@@ -8,7 +8,7 @@ once. The kernel is shaped around that:
 
 * Swap AB: the weight is wgmma's A operand (its rows fill the instruction's
   M = 64) and the activations are B (the batch is wgmma's N, 8..256), so a
-  batch of 1 wastes no weight bandwidth on padding.
+  batch of 1 wastes no weight bandwidth on zero rows.
 * Weight tiles arrive by TMA through a descriptor that lives in device memory
   (built once per weight), with the L2 hint EVICT_FIRST: each weight byte is
   used once per step and must not push activations or KV out of L2.

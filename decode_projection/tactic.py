@@ -15,7 +15,7 @@ from dataclasses import dataclass
 BOX_K = 64  # K of one TMA box: 64 16-bit elements = one 128-byte swizzle row
 K_BOXES = (1, 2, 4)  # boxes per stage along K: 128, 256 or 512 contiguous bytes of each weight row
 WGMMA_ROWS = 64  # rows of A (the weight, or the activations) per consumer warpgroup: wgmma M
-WEIGHT_ROWS = (64, 128, 192)  # one to three consumer warpgroups
+WEIGHT_ROWS = (64, 128, 192)  # whole tiles of one to three consumer warpgroups (the heuristic's and pinned orders')
 # With the weight as A a tile may also hold any multiple of 8 rows up to three warpgroups: its shared-memory
 # tile is rounded up to whole 64-row warpgroup tiles, whose rows past the TMA box are never loaded and whose
 # results are never stored. Such a tile lets the grid fill the SMs (7168 rows: 128 tiles of 56, where 64-row
@@ -63,6 +63,11 @@ class SplitKTactic:
         numbers = [self.weight_rows, self.activation_rows, self.split, self.stages, self.k_boxes, self.multicast,
                    self.column_groups]
         return "(" + ",".join(map(str, numbers)) + (",B)" if self.weight_as_b else ")")
+
+    @property
+    def invariance_verified(self) -> bool:
+        """True where the GPU tests verify batch invariance: the weight as wgmma's A, in whole warpgroup tiles."""
+        return not self.weight_as_b and self.weight_smem_rows == self.weight_rows
 
     @property
     def tile_k(self) -> int:
@@ -205,6 +210,6 @@ def as_tactic(tactic) -> SplitKTactic:
 
 
 def max_stages(weight_rows: int, activation_rows: int, split: int, k_boxes: int = 1, *, weight_as_b=False) -> int:
-    """The deepest pipeline that fits in shared memory."""
+    """The deepest pipeline that fits in shared memory (``weight_as_b``: the weight tile is not padded)."""
     probe = SplitKTactic(weight_rows, activation_rows, split, 1, k_boxes, weight_as_b=weight_as_b)
     return (SMEM_CAPACITY - BARRIER_BYTES) // probe.stage_bytes

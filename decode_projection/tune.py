@@ -118,8 +118,8 @@ def shared_order(timed_by_batch: dict[int, list[Timed]]) -> tuple:
     the free table back to back, as the benchmark reads it, rank first (else the
     smallest worst excess); then the lowest geometric mean over all batches of
     the order's best score over the batch's best. Where no order was timed at
-    every batch, batch 1's winner's; ties go to it too. Only tactics with the
-    weight as A count (the GPU tests verify invariance for those); the free
+    every batch, batch 1's winner's; ties go to it too. Only whole-tile tactics
+    with the weight as A count (the GPU tests verify invariance for those); the free
     table's best, whatever its kind, is what each order is measured against.
     """
     batches = sorted(timed_by_batch)
@@ -128,10 +128,11 @@ def shared_order(timed_by_batch: dict[int, list[Timed]]) -> tuple:
     for batch in batches:
         for t in timed_by_batch[batch]:
             key = (batch, t.tactic.summation_order)
-            if not t.tactic.weight_as_b and (key not in best or t.score < best[key].score):
+            if t.tactic.invariance_verified and (key not in best or t.score < best[key].score):
                 best[key] = t
     if not best:
-        raise ValueError("no tactic with the weight as A was timed: no batch-invariant summation order to choose")
+        raise ValueError("no whole-tile tactic with the weight as A was timed: "
+                         "no batch-invariant summation order to choose")
     first_winner = min(best.items(), key=lambda found: (found[0][0], found[1].score))[0][1]
     everywhere = set.intersection(*({order for b, order in best if b == batch} for batch in batches))
     if not everywhere:
@@ -203,7 +204,8 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
             kept = [e for e in kept_entries if (key_of(e), e["batch"]) not in tuned]
             write_table(out_path, kept + entries, **stamp)
         invariant = [
-            entry(n, k, b, best([t for t in found if t.tactic.summation_order == orders[n, k]]),
+            entry(n, k, b, best([t for t in found
+                                 if t.tactic.summation_order == orders[n, k] and t.tactic.invariance_verified]),
                   batch_invariant=True, **stamped)
             for (n, k, b), found in timed.items() if (n, k) in settled
         ]

@@ -242,6 +242,18 @@ def test_batch_invariant_table_with_the_weight_as_b_is_refused(tmp_path):
         tables.load_table(path)
 
 
+def test_batch_invariant_table_with_a_padded_weight_tile_is_refused(tmp_path):
+    # Same summation order as a whole tile, but invariance is verified with whole tiles only.
+    path = tmp_path / "padded.json"
+    tables.write_table(path, [entry(1, (64, 8, 1, 6, 2), invariant=True), entry(32, (56, 32, 1, 9, 2), invariant=True)],
+                       dsl_version="test", measured="today")
+    with pytest.raises(ValueError, match="padded weight tile"):
+        tables.load_table(path)
+    # The free table may hold it.
+    tables.write_table(path, [entry(32, (56, 32, 1, 9, 2))], dsl_version="test", measured="today")
+    assert tables.load_table(path)
+
+
 def test_device_index_accepts_ints_strings_and_devices():
     assert policies.device_index(3) == 3
     assert policies.device_index("cuda:1") == 1
