@@ -223,34 +223,31 @@ def test_pinned_summation_order_is_kept_for_every_batch():
         assert {t.summation_order for t in pinned} == {(2, 4)} and not any(t.weight_as_b for t in pinned)
 
 
-def test_batch_invariant_table_mixing_k_boxes_is_refused(tmp_path):
-    path = tmp_path / "mixed.json"
-    tables.write_table(path, [entry(1, (64, 8, 2, 6, 4), invariant=True), entry(16, (64, 16, 2, 12, 1), invariant=True)],
-                       dsl_version="test", measured="today")
-    with pytest.raises(ValueError, match="mixes summation orders"):
-        tables.load_table(path)
-
-
-def test_batch_invariant_table_with_the_weight_as_b_is_refused(tmp_path):
-    # Invariance is verified with the weight as A only: the weight as B is an order of its own.
-    assert SplitKTactic(112, 128, 2, 4, weight_as_b=True).summation_order != SplitKTactic(64, 128, 2, 4).summation_order
-    path = tmp_path / "mixed.json"
-    tables.write_table(path, [entry(64, (64, 64, 2, 6), invariant=True),
-                              entry(256, (112, 128, 2, 4, 1, 1, 1, True), invariant=True)],
-                       dsl_version="test", measured="today")
-    with pytest.raises(ValueError, match="weight as A only"):
-        tables.load_table(path)
-
-
-def test_batch_invariant_table_with_a_padded_weight_tile_is_refused(tmp_path):
+# Batch-invariant tables the loader refuses: (batch, tactic) entries and the reason it gives.
+REFUSED_INVARIANT_TABLES = {
+    "mixed-k-boxes": ([(1, (64, 8, 2, 6, 4)), (16, (64, 16, 2, 12, 1))], "mixes summation orders"),
+    # Invariance is verified with the weight as A only.
+    "weight-as-b": ([(64, (64, 64, 2, 6)), (256, (112, 128, 2, 4, 1, 1, 1, True))], "weight as A only"),
     # Same summation order as a whole tile, but invariance is verified with whole tiles only.
-    path = tmp_path / "padded.json"
-    tables.write_table(path, [entry(1, (64, 8, 1, 6, 2), invariant=True), entry(32, (56, 32, 1, 9, 2), invariant=True)],
+    "padded-tile": ([(1, (64, 8, 1, 6, 2)), (32, (56, 32, 1, 9, 2))], "padded weight tile"),
+}
+
+
+@pytest.mark.parametrize("name", REFUSED_INVARIANT_TABLES)
+def test_batch_invariant_table_is_refused(tmp_path, name):
+    entries, reason = REFUSED_INVARIANT_TABLES[name]
+    path = tmp_path / f"{name}.json"
+    tables.write_table(path, [entry(batch, tactic, invariant=True) for batch, tactic in entries],
                        dsl_version="test", measured="today")
-    with pytest.raises(ValueError, match="padded weight tile"):
+    with pytest.raises(ValueError, match=reason):
         tables.load_table(path)
-    # The free table may hold it.
-    tables.write_table(path, [entry(32, (56, 32, 1, 9, 2))], dsl_version="test", measured="today")
+
+
+def test_free_table_may_hold_what_invariant_tables_may_not(tmp_path):
+    assert SplitKTactic(112, 128, 2, 4, weight_as_b=True).summation_order != SplitKTactic(64, 128, 2, 4).summation_order
+    path = tmp_path / "free.json"
+    tables.write_table(path, [entry(32, (56, 32, 1, 9, 2)), entry(256, (112, 128, 2, 4, 1, 1, 1, True))],
+                       dsl_version="test", measured="today")
     assert tables.load_table(path)
 
 
