@@ -269,15 +269,6 @@ def pool_tactics(batch, k, gpu: GpuSpec = H200, *, order=None):
     return pool
 
 
-def filling_rows(n: int, tiles_per_wave: int, most_rows: int) -> int:
-    """The narrowest weight tile (a multiple of 8 rows, at most ``most_rows``) whose tiles take the
-    fewest waves of ``tiles_per_wave``."""
-    wave = 1
-    while (rows := 8 * math.ceil(n / (8 * wave * tiles_per_wave))) > most_rows:
-        wave += 1
-    return rows
-
-
 def filling_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, weight_as_b: bool) -> list[SplitKTactic]:
     """Tactics whose weight tiles are sized to fill the SMs: for each activation tile and split,
     the narrowest tile of a multiple of 8 rows whose grid of whole clusters fits in the fewest
@@ -302,7 +293,9 @@ def filling_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, weight_a
             tiles_per_wave = gpu.clusters_at_once(split) // m_tiles
             if tiles_per_wave == 0:
                 continue
-            rows = filling_rows(n, tiles_per_wave, most_rows)
+            wave = 1
+            while (rows := 8 * math.ceil(n / (8 * wave * tiles_per_wave))) > most_rows:
+                wave += 1
             stages = max_stages(rows, acts, split, weight_as_b=weight_as_b)
             tactic = SplitKTactic(rows, acts, split, stages, weight_as_b=weight_as_b)
             if tactic.stages >= MIN_STAGES and tactic.valid:
@@ -326,13 +319,10 @@ def padded_tile_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> list
     """
     found = [t for t in filling_tactics(n, k, batch, gpu, weight_as_b=False)
              if t.weight_smem_rows > t.weight_rows]
-    unsplit = next((t for t in found if t.split == 1), None)
-    split = next((t for t in found if t.split > 1), None)
-    wide = []
-    if unsplit is not None:
-        wide = [with_k_boxes(unsplit, boxes) for boxes in reversed(K_BOXES[1:])]
-        wide = [t for t in wide if t.valid and t.stages >= 2 and fills_every_rank(t, k)]
-    return (wide or [t for t in [unsplit] if t is not None]) + [t for t in [split] if t is not None]
+    unsplit = [t for t in found if t.split == 1][:1]
+    wide = [with_k_boxes(t, boxes) for t in unsplit for boxes in reversed(K_BOXES[1:])]
+    wide = [t for t in wide if t.valid and t.stages >= 2 and fills_every_rank(t, k)]
+    return (wide or unsplit) + [t for t in found if t.split > 1][:1]
 
 
 def with_k_boxes(tactic: SplitKTactic, k_boxes: int) -> SplitKTactic:

@@ -10,7 +10,7 @@ import torch
 from decode_projection import policies, tables
 from decode_projection.policies import (
     COMPUTE_BOUND_ROWS, H200, activation_rows_for, activation_tile_choices, candidate_tactics, default_policies,
-    default_tactic, grid_ctas, predicted_time_us, resolve_policies, waves, filling_tactics, with_k_boxes,
+    default_tactic, filling_tactics, grid_ctas, predicted_time_us, resolve_policies, waves, with_k_boxes,
 )
 from decode_projection.tactic import SplitKTactic
 from decode_projection.workload import DECODE_BATCHES, KIMI_K3_SHAPES
