@@ -61,6 +61,14 @@ PRODUCER_REGISTERS = 32
 CONSUMER_REGISTERS = 160
 
 
+# The unsplit epilogue stages 16-bit output tiles of this many activation rows or more in shared
+# memory and stores them 16 bytes per thread (SplitKGemm.store_staged).
+STAGED_STORE_ROWS = 32
+STAGING_PAD = 8  # elements after each staged activation row: a warp's staging stores then hit distinct banks
+STAGING_BARRIER = 1  # named barrier of the consumer warps (0 is the whole CTA's)
+VECTOR = 8  # 16-bit outputs per 16-byte store
+
+
 class SplitKGemm:
     """out (N, M, 1), N-major = weight (N, K, 1) K-major x activations (M, K, 1) K-major.
 
@@ -295,11 +303,24 @@ class SplitKGemm:
             row0 = n_tile * t.weight_rows
             col0 = m_tile * t.activation_rows
             rows, cols = out.shape[0], out.shape[1]
-            if cutlass.const_expr(t.split == 1):
-                for r in cutlass.range_constexpr(cute.size(acc)):
-                    n, m = self.output_index(coords[r])
-                    if self.stores(n, m, row0, col0, rows, cols):
-                        out[row0 + n, col0 + m, 0] = acc[r].to(out.element_type)
+            if cutlass.const_expr(self.stages_output(out.element_type)):
+                self.store_staged(acc, coords, storage, out, row0, col0)
+            elif cutlass.const_expr(t.split == 1):
+                # A tile wholly inside ``out`` (every tile but the edges) stores without
+                # per-element bounds checks: each check was a divergent branch around its store.
+                if row0 + t.weight_rows <= rows and col0 + t.activation_rows <= cols:
+                    for r in cutlass.range_constexpr(cute.size(acc)):
+                        n, m = self.output_index(coords[r])
+                        if cutlass.const_expr(t.weight_smem_rows > t.weight_rows):
+                            if n < t.weight_rows:  # warp-uniform: a warp's rows share one 8-row block
+                                out[row0 + n, col0 + m, 0] = acc[r].to(out.element_type)
+                        else:
+                            out[row0 + n, col0 + m, 0] = acc[r].to(out.element_type)
+                else:
+                    for r in cutlass.range_constexpr(cute.size(acc)):
+                        n, m = self.output_index(coords[r])
+                        if self.stores(n, m, row0, col0, rows, cols):
+                            out[row0 + n, col0 + m, 0] = acc[r].to(out.element_type)
             else:
                 self.reduce_across_cluster(acc, coords, rank, sharer, storage, out, row0, col0)
 
@@ -316,6 +337,61 @@ class SplitKGemm:
             # Padding rows hold whatever shared memory held; their sums belong to no weight row.
             inside = inside and n < self.tactic.weight_rows
         return inside
+
+    def stages_output(self, out_type) -> bool:
+        """Whether the epilogue stages the output tile in shared memory (SplitKGemm.store_staged): unsplit
+        tactics with 16-bit outputs and at least STAGED_STORE_ROWS activation rows, whose padded tile fits
+        in the drained pipeline buffers."""
+        t = self.tactic
+        staged_bytes = t.activation_rows * (t.weight_smem_rows + STAGING_PAD) * 2
+        return (t.split == 1 and out_type.width == 16 and t.activation_rows >= STAGED_STORE_ROWS
+                and staged_bytes <= t.stages * t.stage_bytes)
+
+    @cute.jit
+    def store_staged(self, acc, coords, storage, out, row0, col0):
+        """Store the tile through shared memory: each thread writes 16 contiguous output bytes at a time.
+
+        Straight from the accumulators a warp's store touches four output rows with
+        2 bytes per thread; staged, a warp writes whole 128-byte lines. The tile is
+        laid out as ``out`` is (weight rows contiguous), each activation row padded
+        by STAGING_PAD elements so that a warp's staging stores fall on distinct banks.
+        """
+        t = self.tactic
+        tidx, _, _ = cute.arch.thread_idx()
+        pitch = t.weight_smem_rows + STAGING_PAD
+        # The pipeline buffers, weight tiles then activation tiles, one contiguous span (as in the reduction).
+        base = cute.recast_ptr(storage.weight_tiles.data_ptr(), dtype=out.element_type)
+        staging = cute.make_tensor(base, cute.make_layout((t.weight_smem_rows, t.activation_rows), stride=(1, pitch)))
+        # Every warpgroup's wgmmas must be done reading the drained tiles before any overwrites them.
+        cute.arch.barrier(barrier_id=STAGING_BARRIER, number_of_threads=self.consumer_threads)
+        for r in cutlass.range_constexpr(cute.size(acc)):
+            n, m = self.output_index(coords[r])
+            staging[n, m] = acc[r].to(out.element_type)
+        cute.arch.barrier(barrier_id=STAGING_BARRIER, number_of_threads=self.consumer_threads)
+
+        rows, cols = out.shape[0], out.shape[1]
+        pitch_out = out.stride[1]
+        address = out.iterator.toint()
+        # 16-byte stores need a 16-byte aligned base and row pitch (a single row's pitch is never used).
+        vectors = address % 16 == 0 and (pitch_out % VECTOR == 0 or cols == 1)
+        chunks_per_row = t.weight_smem_rows // VECTOR
+        chunks = t.activation_rows * chunks_per_row
+        for i in cutlass.range_constexpr(math.ceil(chunks / self.consumer_threads)):
+            chunk = tidx + i * self.consumer_threads
+            m, n = chunk // chunks_per_row, chunk % chunks_per_row * VECTOR
+            # Padding rows of the tile hold no output; neither do chunks past the last.
+            if chunk < chunks and n < t.weight_rows and col0 + m < cols:
+                if vectors and row0 + n + VECTOR <= rows:
+                    source = cute.make_ptr(out.element_type, base.toint() + (m * pitch + n) * 2,
+                                           cute.AddressSpace.smem, assumed_align=16)
+                    target = cute.make_ptr(out.element_type, address + ((col0 + m) * pitch_out + row0 + n) * 2,
+                                           cute.AddressSpace.gmem, assumed_align=16)
+                    values = cute.make_tensor(source, cute.make_layout(VECTOR)).load()
+                    cute.make_tensor(target, cute.make_layout(VECTOR)).store(values)
+                else:
+                    for e in cutlass.range_constexpr(VECTOR):
+                        if row0 + n + e < rows:
+                            out[row0 + n + e, col0 + m, 0] = staging[n + e, m]
 
     def sharing_layout(self):
         """Who fills whose pipeline stages, for the pipeline's release signals.

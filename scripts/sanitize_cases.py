@@ -1,7 +1,7 @@
 """A few small projections for compute-sanitizer (memcheck, racecheck): split 1, 2, 4 and 8; 1, 2 and 4 K boxes;
 activations multicast to 2 and 4 weight tiles; 64, 128 and 192 weight rows (the last with 256 activation rows too);
 two consumer warpgroups splitting the activation tile; the weight as wgmma's B; weight tiles padded to whole
-warpgroups."""
+warpgroups; the unsplit epilogue staged in shared memory, with and without 16-byte output stores."""
 
 import torch
 
@@ -34,6 +34,9 @@ CASES = [
     # Weight-as-A tiles padded to whole warpgroups: one and three warpgroups, with split K and multicast.
     (SplitKTactic(56, 8, 1, 6, 2), 300, 1000, 3),
     (SplitKTactic(160, 32, 3, 3, 1, 2), 500, 1544, 40),
+    # The staged epilogue: 16-byte stores, and element stores where N and the pitch are odd (padded tile).
+    (SplitKTactic(64, 64, 1, 4), 328, 1000, 60),
+    (SplitKTactic(56, 48, 1, 4, 2), 301, 1000, 45),
 ]
 
 for tactic, n, k, batch in CASES:

@@ -18,15 +18,15 @@ DTYPES = [
 ]
 
 
-def run_guarded(projection, x, n, out_dtype):
+def run_guarded(projection, x, n, out_dtype, *, first_column=8, spare_columns=24):
     """Run into a NaN-poisoned row-slice of a wider buffer; check the guard stayed untouched."""
     batch = x.shape[0]
-    buffer = torch.full((batch + 2, n + 24), float("nan"), dtype=out_dtype, device=x.device)
-    out = buffer[1 : batch + 1, 8 : 8 + n]
+    buffer = torch.full((batch + 2, n + spare_columns), float("nan"), dtype=out_dtype, device=x.device)
+    out = buffer[1 : batch + 1, first_column : first_column + n]
     projection.run(x, out)
     torch.cuda.synchronize()
     guard = buffer.clone()
-    guard[1 : batch + 1, 8 : 8 + n] = float("nan")
+    guard[1 : batch + 1, first_column : first_column + n] = float("nan")
     assert torch.isnan(guard).all(), "the kernel wrote outside its output"
     return out
 
@@ -48,6 +48,26 @@ def test_every_tactic_matches_float64(tactic):
         projection = PreparedProjection(weight, {batch: tactic}, output_dtype=out_dtype).prepare()
         out = run_guarded(projection, x, n, out_dtype)
         assert_close_to_reference(out, x, weight, label=f"{tactic} N={n} K={k} M={batch} {weight_dtype}->{out_dtype}")
+
+
+# Unsplit tactics of 32+ activation rows stage 16-bit outputs in shared memory and store 16 bytes at a time:
+# one, two and three warpgroups, a padded tile, two column groups, multicast, the weight as B.
+STAGED = [
+    SplitKTactic(64, 64, 1, 4), SplitKTactic(128, 32, 1, 4), SplitKTactic(192, 256, 1, 3), SplitKTactic(56, 48, 1, 4, 2),
+    SplitKTactic(64, 256, 1, 4, 1, 1, 2), SplitKTactic(64, 64, 1, 3, 1, 2), SplitKTactic(112, 128, 1, 4, weight_as_b=True),
+]
+
+
+@pytest.mark.parametrize("tactic", STAGED, ids=tactic_id)
+@pytest.mark.parametrize("first_column,spare_columns", [(8, 24), (3, 21), (1, 8)], ids=["aligned", "odd", "odd-pitch"])
+def test_staged_epilogue_odd_outputs(tactic, first_column, spare_columns):
+    """16-byte stores where the output allows them, element stores where N, its base or its pitch do not."""
+    n, k, batch = 2 * tactic.weight_rows + 37, 520, tactic.activation_rows + 5
+    weight = torch.randn(n, k, device="cuda").to(torch.bfloat16)
+    x = torch.randn(batch, k, device="cuda").to(torch.bfloat16)
+    projection = PreparedProjection(weight, {batch: tactic}).prepare()
+    out = run_guarded(projection, x, n, torch.bfloat16, first_column=first_column, spare_columns=spare_columns)
+    assert_close_to_reference(out, x, weight, label=f"{tactic} N={n} first column {first_column}")
 
 
 @pytest.mark.parametrize("weight_dtype,out_dtype", DTYPES)
