@@ -2,11 +2,13 @@
 
 import contextlib
 
+import cutlass
 import pytest
 import torch
 
 from decode_projection import PreparedProjection, SplitKTactic, compile_projection, projection
 from decode_projection.sass import kernel_report
+from decode_projection.splitk import SplitKGemm
 from decode_projection.tactic import as_tactic, max_stages
 
 from .tactic_grid import GRID, tactic_id
@@ -156,6 +158,20 @@ def test_padded_weight_tile_loads_its_rows_into_whole_warpgroup_tiles():
     as_b = SplitKTactic(56, 64, 1, 4, weight_as_b=True)
     assert as_b.weight_smem_rows == 56 and as_b.stage_bytes == as_b.stage_load_bytes
     assert max_stages(56, 64, 1, weight_as_b=True) > max_stages(56, 64, 1)
+
+
+def test_which_epilogues_stage_the_output_tile():
+    def staged(tactic, out_type=cutlass.BFloat16):
+        return SplitKGemm(tactic).stages_output(out_type)
+
+    assert staged(SplitKTactic(64, 64, 1, 4)) and staged(SplitKTactic(56, 48, 1, 4, 2))
+    assert staged(SplitKTactic(112, 128, 1, 4, weight_as_b=True))
+    # Split K: only where each rank owns whole 8-row activation blocks (4-accumulator vectors, the weight as A).
+    assert staged(SplitKTactic(64, 64, 3, 4)) and staged(SplitKTactic(192, 256, 4, 4))
+    assert SplitKTactic(64, 32, 8, 4).reduction_vector == 2 and not staged(SplitKTactic(64, 32, 8, 4))
+    assert not staged(SplitKTactic(96, 64, 2, 4, weight_as_b=True))
+    # Small activation tiles and FP32 outputs store straight from the accumulators.
+    assert not staged(SplitKTactic(64, 16, 1, 4)) and not staged(SplitKTactic(64, 64, 1, 4), cutlass.Float32)
 
 
 @pytest.mark.parametrize("tactic", GRID, ids=tactic_id)
