@@ -36,10 +36,10 @@ once. The kernel is shaped around that:
   needs more CTAs than N tiles to fill 132 SMs). Partial sums are reduced
   through distributed shared memory in a fixed rank order: no atomics, no
   workspace, no memset, and bitwise-identical results run to run.
-* The epilogue stages 16-bit output tiles of 32 or more activation rows in the
-  drained pipeline buffers and stores them 16 bytes per thread, whole 128-byte
-  lines per warp (straight from wgmma's accumulators each warp store touches four
-  output rows, 2 bytes per thread); under split K each rank stores what it owns.
+* Without split K the epilogue stages 16-bit output tiles of 32 or more
+  activation rows in the drained pipeline buffers and stores them 16 bytes per
+  thread, whole 128-byte lines per warp (straight from wgmma's accumulators each
+  warp store touches four output rows, 2 bytes per thread).
 """
 
 import math
@@ -307,7 +307,7 @@ class SplitKGemm:
             row0 = n_tile * t.weight_rows
             col0 = m_tile * t.activation_rows
             rows, cols = out.shape[0], out.shape[1]
-            if cutlass.const_expr(t.split == 1 and self.stages_output(out.element_type)):
+            if cutlass.const_expr(self.stages_output(out.element_type)):
                 self.store_staged(acc, coords, storage, out, row0, col0)
             elif cutlass.const_expr(t.split == 1):
                 # A tile wholly inside ``out`` (every tile but the edges) stores without
@@ -343,68 +343,50 @@ class SplitKGemm:
         return inside
 
     def stages_output(self, out_type) -> bool:
-        """Whether the epilogue stages the output tile in shared memory (``copy_staged``): 16-bit outputs of
-        at least STAGED_STORE_ROWS activation rows whose padded tile fits in the drained pipeline buffers;
-        under split K only where each rank owns whole 8-row blocks of activations (the weight as A, 4-accumulator
-        reduction vectors), so that every 16-byte chunk has one owner."""
+        """Whether the epilogue stages the output tile in shared memory (SplitKGemm.store_staged): unsplit
+        tactics with 16-bit outputs and at least STAGED_STORE_ROWS activation rows, whose padded tile fits
+        in the drained pipeline buffers."""
         t = self.tactic
-        if out_type.width != 16 or t.activation_rows < STAGED_STORE_ROWS:
-            return False
-        if t.split > 1 and (t.weight_as_b or t.reduction_vector != 4):
-            return False
-        return t.activation_rows * (t.weight_smem_rows + STAGING_PAD) * 2 <= t.stages * t.stage_bytes
-
-    def staging_tile(self, storage, out_type):
-        """The output tile in shared memory, laid out as ``out`` (weight rows contiguous), each activation row
-        padded by STAGING_PAD elements so that a warp's staging stores fall on distinct banks."""
-        t = self.tactic
-        # The pipeline buffers, weight tiles then activation tiles, one contiguous span (as in the reduction).
-        base = cute.recast_ptr(storage.weight_tiles.data_ptr(), dtype=out_type)
-        return cute.make_tensor(base, cute.make_layout((t.weight_smem_rows, t.activation_rows),
-                                                       stride=(1, t.weight_smem_rows + STAGING_PAD)))
+        staged_bytes = t.activation_rows * (t.weight_smem_rows + STAGING_PAD) * 2
+        return (t.split == 1 and out_type.width == 16 and t.activation_rows >= STAGED_STORE_ROWS
+                and staged_bytes <= t.stages * t.stage_bytes)
 
     @cute.jit
     def store_staged(self, acc, coords, storage, out, row0, col0):
-        """Store the unsplit tile through shared memory (``copy_staged``)."""
-        staging = self.staging_tile(storage, out.element_type)
+        """Store the tile through shared memory: each thread writes 16 contiguous output bytes at a time.
+
+        Straight from the accumulators a warp's store touches four output rows with
+        2 bytes per thread; staged, a warp writes whole 128-byte lines. The tile is
+        laid out as ``out`` is (weight rows contiguous), each activation row padded
+        by STAGING_PAD elements so that a warp's staging stores fall on distinct banks.
+        """
+        t = self.tactic
+        tidx, _, _ = cute.arch.thread_idx()
+        pitch = t.weight_smem_rows + STAGING_PAD
+        # The pipeline buffers, weight tiles then activation tiles, one contiguous span (as in the reduction).
+        base = cute.recast_ptr(storage.weight_tiles.data_ptr(), dtype=out.element_type)
+        staging = cute.make_tensor(base, cute.make_layout((t.weight_smem_rows, t.activation_rows), stride=(1, pitch)))
         # Every warpgroup's wgmmas must be done reading the drained tiles before any overwrites them.
         cute.arch.barrier(barrier_id=STAGING_BARRIER, number_of_threads=self.consumer_threads)
         for r in cutlass.range_constexpr(cute.size(acc)):
             n, m = self.output_index(coords[r])
             staging[n, m] = acc[r].to(out.element_type)
         cute.arch.barrier(barrier_id=STAGING_BARRIER, number_of_threads=self.consumer_threads)
-        self.copy_staged(staging, out, row0, col0, 0)
 
-    @cute.jit
-    def copy_staged(self, staging, out, row0, col0, rank):
-        """Copy the staged tile (under split K, the chunks ``rank`` owns) to ``out``, 16 contiguous bytes per thread.
-
-        Straight from the accumulators a warp's store touches four output rows with
-        2 bytes per thread; from the staged tile a warp writes whole 128-byte lines.
-        Element stores where N, the output's base or its pitch do not allow 16-byte ones.
-        """
-        t = self.tactic
-        tidx, _, _ = cute.arch.thread_idx()
         rows, cols = out.shape[0], out.shape[1]
-        pitch, pitch_out = t.weight_smem_rows + STAGING_PAD, out.stride[1]
+        pitch_out = out.stride[1]
         address = out.iterator.toint()
         # 16-byte stores need a 16-byte aligned base and row pitch (a single row's pitch is never used).
         vectors = address % 16 == 0 and (pitch_out % VECTOR == 0 or cols == 1)
         chunks_per_row = t.weight_smem_rows // VECTOR
         chunks = t.activation_rows * chunks_per_row
-        # A rank owns the 8-row activation blocks whose index within its consumer group's share is rank mod split
-        # (reduce_across_cluster: vector g of every thread is wgmma's 8-column block g, owned by rank g % split).
-        blocks_per_group = t.activation_rows // t.column_groups // 8
         for i in cutlass.range_constexpr(math.ceil(chunks / self.consumer_threads)):
             chunk = tidx + i * self.consumer_threads
             m, n = chunk // chunks_per_row, chunk % chunks_per_row * VECTOR
-            mine = True
-            if cutlass.const_expr(t.split > 1):
-                mine = m // 8 % blocks_per_group % t.split == rank
             # Padding rows of the tile hold no output; neither do chunks past the last.
-            if mine and chunk < chunks and n < t.weight_rows and col0 + m < cols:
+            if chunk < chunks and n < t.weight_rows and col0 + m < cols:
                 if vectors and row0 + n + VECTOR <= rows:
-                    source = cute.make_ptr(out.element_type, staging.iterator.toint() + (m * pitch + n) * 2,
+                    source = cute.make_ptr(out.element_type, base.toint() + (m * pitch + n) * 2,
                                            cute.AddressSpace.smem, assumed_align=16)
                     target = cute.make_ptr(out.element_type, address + ((col0 + m) * pitch_out + row0 + n) * 2,
                                            cute.AddressSpace.gmem, assumed_align=16)
@@ -505,35 +487,14 @@ class SplitKGemm:
         cute.arch.mbarrier_wait(arrived, 0)
         sums = cute.make_tensor(buffer, slot)
         rows, cols = out.shape[0], out.shape[1]
-        if cutlass.const_expr(self.stages_output(out.element_type)):
-            owned = cute.make_rmem_tensor((per_rank * width,), cutlass.Float32)
-            for i in cutlass.range_constexpr(per_rank):
-                if i * t.split + rank < groups:
-                    total = sums[None, tidx, i, 0].load()
-                    for s in cutlass.range_constexpr(1, t.split):
-                        total = total + sums[None, tidx, i, s].load()
-                    for j in cutlass.range_constexpr(width):
-                        owned[i * width + j] = total[j]
-            staging = self.staging_tile(storage, out.element_type)
-            # The staged tile overwrites the partial sums: every thread must have read its own first.
-            cute.arch.barrier(barrier_id=STAGING_BARRIER, number_of_threads=self.consumer_threads)
-            for i in cutlass.range_constexpr(per_rank):
-                g = i * t.split + rank
-                if g < groups:
-                    for j in cutlass.range_constexpr(width):
-                        n, m = self.output_index(coords[g * width + j])
-                        staging[n, m] = owned[i * width + j].to(out.element_type)
-            cute.arch.barrier(barrier_id=STAGING_BARRIER, number_of_threads=self.consumer_threads)
-            self.copy_staged(staging, out, row0, col0, rank)
-        else:
-            for i in cutlass.range_constexpr(per_rank):
-                g = i * t.split + rank
-                if g < groups:
-                    total = sums[None, tidx, i, 0].load()
-                    for s in cutlass.range_constexpr(1, t.split):
-                        total = total + sums[None, tidx, i, s].load()
-                    for j in cutlass.range_constexpr(width):
-                        n, m = self.output_index(coords[g * width + j])
-                        value = total[j].to(out.element_type)
-                        if self.stores(n, m, row0, col0, rows, cols):
-                            out[row0 + n, col0 + m, 0] = value
+        for i in cutlass.range_constexpr(per_rank):
+            g = i * t.split + rank
+            if g < groups:
+                total = sums[None, tidx, i, 0].load()
+                for s in cutlass.range_constexpr(1, t.split):
+                    total = total + sums[None, tidx, i, s].load()
+                for j in cutlass.range_constexpr(width):
+                    n, m = self.output_index(coords[g * width + j])
+                    value = total[j].to(out.element_type)
+                    if self.stores(n, m, row0, col0, rows, cols):
+                        out[row0 + n, col0 + m, 0] = value

@@ -34,13 +34,9 @@ CASES = [
     # Weight-as-A tiles padded to whole warpgroups: one and three warpgroups, with split K and multicast.
     (SplitKTactic(56, 8, 1, 6, 2), 300, 1000, 3),
     (SplitKTactic(160, 32, 3, 3, 1, 2), 500, 1544, 40),
-    # The staged epilogue: 16-byte stores, and element stores where N and the pitch are odd (padded tile);
-    # under split K, each rank's own 8-row blocks (uneven slices; multicast).
+    # The staged epilogue: 16-byte stores, and element stores where N and the pitch are odd (padded tile).
     (SplitKTactic(64, 64, 1, 4), 328, 1000, 60),
     (SplitKTactic(56, 48, 1, 4, 2), 301, 1000, 45),
-    (SplitKTactic(64, 64, 3, 4), 328, 1544, 60),
-    (SplitKTactic(128, 48, 5, 4, 1, 1), 301, 1544, 45),
-    (SplitKTactic(128, 64, 4, 4, 1, 2), 520, 1544, 64),
 ]
 
 for tactic, n, k, batch in CASES:
