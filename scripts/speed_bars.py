@@ -9,12 +9,18 @@ The batch-invariant policy may also run up to 10% over the tuned one at batch
 1..64, cell by cell in the same run. Prints every cell that misses and a count
 per bar; exits 1 if any bar is missed.
 
-    python scripts/speed_bars.py docs/measurements/<date>-bench-h200.json
+Given several runs, each cell is judged on its median time and torch.matmul's
+median time over the runs (one run varies by about 0.5% in the geometric mean,
+which is as close as bar 2 has come to 1.3x), and each run's geometric mean is
+printed too.
+
+    python scripts/speed_bars.py docs/measurements/<date>-bench-h200.json [more runs ...]
 """
 
 import argparse
 import json
 import math
+import statistics
 from collections import defaultdict
 
 LAST_STREAMING_BATCH = 64  # bars 1-3 hold up to here, bar 4 above
@@ -61,13 +67,36 @@ def invariant_excess(cells):
     ]
 
 
+def combined(runs):
+    """One cell per (policy, shape, batch) of several runs' cells: the median of ours and of torch.matmul."""
+    grouped = defaultdict(list)
+    for cells in runs:
+        for c in cells:
+            grouped[c["policy"], c["n"], c["k"], c["batch"]].append(c)
+    return [
+        dict(found[0], us=statistics.median(c["us"] for c in found),
+             cublas_us=statistics.median(c["cublas_us"] for c in found))
+        for found in grouped.values()
+    ]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("bench_json")
+    parser.add_argument("bench_json", nargs="+", help="one or more runs (bench --json)")
     parser.add_argument("--quiet", action="store_true", help="counts only")
     args = parser.parse_args()
-    with open(args.bench_json) as f:
-        cells = json.load(f)["cells"]
+    runs = []
+    for path in args.bench_json:
+        with open(path) as f:
+            runs.append(json.load(f)["cells"])
+    if len(runs) > 1:
+        for path, cells in zip(args.bench_json, runs):
+            for policy in sorted({c["policy"] for c in cells}):
+                _, geomean, _ = misses([c for c in cells if c["policy"] == policy])
+                if geomean is not None:
+                    print(f"{path}: {policy} geometric mean at M<=64 {geomean:.3f}x")
+        print(f"cells judged on their medians over {len(runs)} runs:")
+    cells = combined(runs) if len(runs) > 1 else runs[0]
     missed = False
     for policy in sorted({c["policy"] for c in cells}):
         found, geomean, streaming = misses([c for c in cells if c["policy"] == policy])

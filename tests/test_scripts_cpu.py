@@ -32,6 +32,16 @@ def test_speed_bars_count_each_bar():
     assert abs(geomean - (12.6 / 8.0 * 12.6 / 13.0 * 77.0 / 70.0) ** (1 / 3)) < 1e-12
 
 
+def test_speed_bars_judge_several_runs_on_each_cells_medians():
+    bars = load_script("speed_bars")
+    runs = [[cell(2112, 7168, 1, us, cublas)] for us, cublas in ((8.0, 12.0), (9.5, 12.6), (8.2, 13.0))]
+    (one,) = bars.combined(runs)
+    assert (one["us"], one["cublas_us"]) == (8.2, 12.6)
+    # The median of each policy's cells, not of the runs' mix.
+    mixed = bars.combined([[cell(2112, 7168, 1, 8.0, 12.0), cell(2112, 7168, 1, 9.0, 12.0, "batch-invariant")]] * 2)
+    assert sorted(c["us"] for c in mixed) == [8.0, 9.0]
+
+
 def test_batch_invariant_allowance_is_ten_percent_over_tuned_per_cell():
     bars = load_script("speed_bars")
     cells = [cell(3072, 7168, 4, 12.0, 15.0), cell(3072, 7168, 4, 13.4, 15.0, "batch-invariant"),
