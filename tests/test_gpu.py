@@ -58,16 +58,27 @@ STAGED = [
 ]
 
 
+# (extra N, first column, spare columns) of the output inside its guarded buffer; N = 2 x weight rows + extra.
+# The pitch is N + spare columns; the base is 16-byte aligned where (pitch + first column) is a multiple of 8.
+OUTPUT_LAYOUTS = {
+    "aligned": (40, 8, 24),  # 16-byte stores throughout
+    "odd-n": (37, 8, 27),  # 16-byte stores but for the last, partial chunk of each row
+    "odd-base": (40, 3, 24),  # element stores: misaligned base
+    "odd-pitch": (40, 8, 21),  # element stores: pitch not a multiple of 8 elements
+}
+
+
 @pytest.mark.parametrize("tactic", STAGED, ids=tactic_id)
-@pytest.mark.parametrize("first_column,spare_columns", [(8, 24), (3, 21), (1, 8)], ids=["aligned", "odd", "odd-pitch"])
-def test_staged_epilogue_odd_outputs(tactic, first_column, spare_columns):
+@pytest.mark.parametrize("layout", OUTPUT_LAYOUTS)
+def test_staged_epilogue_odd_outputs(tactic, layout):
     """16-byte stores where the output allows them, element stores where N, its base or its pitch do not."""
-    n, k, batch = 2 * tactic.weight_rows + 37, 520, tactic.activation_rows + 5
+    extra, first_column, spare_columns = OUTPUT_LAYOUTS[layout]
+    n, k, batch = 2 * tactic.weight_rows + extra, 520, tactic.activation_rows + 5
     weight = torch.randn(n, k, device="cuda").to(torch.bfloat16)
     x = torch.randn(batch, k, device="cuda").to(torch.bfloat16)
     projection = PreparedProjection(weight, {batch: tactic}).prepare()
     out = run_guarded(projection, x, n, torch.bfloat16, first_column=first_column, spare_columns=spare_columns)
-    assert_close_to_reference(out, x, weight, label=f"{tactic} N={n} first column {first_column}")
+    assert_close_to_reference(out, x, weight, label=f"{tactic} N={n} {layout} output")
 
 
 @pytest.mark.parametrize("weight_dtype,out_dtype", DTYPES)
