@@ -4,7 +4,10 @@ Each cell is ``NxK:M:tactic/tactic/...``, a tactic its numbers separated by
 commas (as in the tables; a trailing ``B`` puts the weight on wgmma's B side).
 Every tactic is checked against float64 on fresh random inputs with a
 NaN-poisoned output, then all of them and torch.matmul are timed interleaved
-(``timing.interleaved_time_us``), back to back and after a glue kernel. Needs a
+(``timing.interleaved_time_us``), back to back and after a glue kernel. Like the
+benchmark, each launch writes its own output copy, so the output's lines are
+cold in L2; ``--one-output`` also times every launch writing one output buffer
+(hot in L2), which tells the cost of writing cold lines from the rest. Needs a
 Hopper GPU.
 
     python scripts/time_tactics.py 6288x7168:64:128,64,1,9,1,4/64,64,1,13 7168x1536:48:64,64,1,7
@@ -39,19 +42,24 @@ def parse_tactic(text):
     return as_tactic(tuple(numbers) + ((True,) if weight_as_b else ()))
 
 
-def time_cell(n, k, batch, tactics):
-    """{label: (back to back us, after glue us)} for torch.matmul and each tactic."""
+def time_cell(n, k, batch, tactics, one_output=False):
+    """{label: (back to back us, after glue us)} for torch.matmul and each tactic (and, with
+    ``one_output``, each of them again writing ``outs[0]`` only)."""
     copies = cold_copies(n * k * 2)
     weights = [torch.randn(n, k, device="cuda").to(torch.bfloat16) for _ in range(copies)]
     x = torch.randn(batch, k, device="cuda").to(torch.bfloat16)
     outs = [torch.empty(batch, n, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
     reference = Reference(x, weights[0], torch.bfloat16)
-    launches = {"torch.matmul": lambda i: torch.matmul(x, weights[i].T, out=outs[i])}
+    launches = {"torch.matmul": lambda i, o=None: torch.matmul(x, weights[i].T, out=outs[i if o is None else o])}
     for tactic in tactics:
         projections = [PreparedProjection(w, {batch: tactic}).prepare() for w in weights]
         outs[0].fill_(float("nan"))
         reference.check(projections[0].run(x, outs[0]), label=f"{n}x{k} M={batch} {tactic.label}")
-        launches[tactic.label] = lambda i, projections=projections: projections[i].run(x, outs[i])
+        launches[tactic.label] = (lambda i, o=None, projections=projections:
+                                  projections[i].run(x, outs[i if o is None else o]))
+    if one_output:
+        launches.update({f"{label} one out": lambda i, launch=launch: launch(i, 0)
+                         for label, launch in list(launches.items())})
     chained = interleaved_time_us(launches, copies)
     alone = interleaved_time_us(launches, copies, separator=foreign_kernel(x.device))
     return {label: (chained[label], alone[label]) for label in launches}
@@ -60,12 +68,13 @@ def time_cell(n, k, batch, tactics):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("cells", nargs="+", type=parse_cell, help="NxK:M:tactic/tactic/...")
+    parser.add_argument("--one-output", action="store_true", help="also time every launch writing one output buffer")
     args = parser.parse_args()
     arch = architecture(torch.device("cuda"))
     compile_all((t, torch.bfloat16, arch, torch.bfloat16) for *_, tactics in args.cells for t in tactics)
     print(f"{'cell':<18} {'tactic':<24} {'back to back us':>16} {'after glue us':>14} {'mean':>7}")
     for n, k, batch, tactics in args.cells:
-        for label, (chained, alone) in time_cell(n, k, batch, tactics).items():
+        for label, (chained, alone) in time_cell(n, k, batch, tactics, args.one_output).items():
             print(f"{f'{n}x{k} M={batch}':<18} {label:<24} {chained:16.2f} {alone:14.2f} {(chained + alone) / 2:7.2f}")
         print(flush=True)
 
