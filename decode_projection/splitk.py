@@ -72,10 +72,6 @@ STAGING_PAD = 8  # elements after each staged activation row: a warp's staging s
 STAGING_BARRIER = 1  # named barrier of the consumer warps (0 is the whole CTA's)
 VECTOR = 8  # 16-bit outputs per 16-byte store
 
-# The producer prefetches the CTA's output tile into L2 where that tile is at least 1/this of the weight
-# bytes the CTA streams (SplitKGemm.prefetch_output): the extra read stays small against the weight.
-OUTPUT_PREFETCH_RATIO = 8
-
 
 class SplitKGemm:
     """out (N, M, 1), N-major = weight (N, K, 1) K-major x activations (M, K, 1) K-major.
@@ -246,8 +242,6 @@ class SplitKGemm:
                     tiles.producer_acquire(state)
                     self.load_weight(weight_tiles, state, descriptor, tiles, k_begin + i, weight_row)
                     state.advance()
-                if self.prefetches_output(per_rank, out.element_type.width):
-                    self.prefetch_output(out, weight_row, m_tile * t.activation_rows, rank)
                 cute.arch.griddepcontrol_wait()
                 early = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, t.stages)
                 for i in cutlass.range(prefetch, unroll=1):
@@ -402,38 +396,6 @@ class SplitKGemm:
                     for e in cutlass.range_constexpr(VECTOR):
                         if row0 + n + e < rows:
                             out[row0 + n + e, col0 + m, 0] = staging[n + e, m]
-
-    def prefetches_output(self, k_tiles_per_rank, out_bits):
-        """Whether the producer prefetches the output tile into L2 (SplitKGemm.prefetch_output): where the
-        tile holds at least 1/OUTPUT_PREFETCH_RATIO of the weight bytes the CTA streams."""
-        t = self.tactic
-        return k_tiles_per_rank * t.tile_k <= OUTPUT_PREFETCH_RATIO * t.activation_rows * out_bits // 16
-
-    @cute.jit
-    def prefetch_output(self, out, row0, col0, rank):
-        """Bring this CTA's share of its output tile into L2 (one producer warp, one 128-byte line per lane).
-
-        A CTA whose weight slice is short reaches its epilogue soon after it
-        starts, and stores into lines missing from L2 cost it about 1 us after
-        a foreign kernel (0.15 back to back; docs/performance.md, v20). Split
-        ranks each take every ``split``-th activation row of the tile. Every
-        address prefetched lies inside ``out``; a prefetch is only a hint, so
-        it may run before the previous kernel has finished writing ``out``.
-        """
-        t = self.tactic
-        lane = cute.arch.lane_idx()
-        rows, cols = out.shape[0], out.shape[1]
-        width = out.element_type.width // 8
-        address = out.iterator.toint()
-        last_row = cutlass.min(row0 + t.weight_rows, rows) - 1
-        lines = t.weight_rows * width // 128 + 1  # 128-byte lines one activation row's segment may touch
-        items = math.ceil(t.activation_rows / t.split) * lines
-        for item in cutlass.range(lane, items, 32, unroll=1):
-            m = item // lines * t.split + rank
-            n = cutlass.min(row0 + item % lines * (128 // width), last_row)
-            if col0 + m < cols and row0 < rows:
-                nvvm.prefetch_l2(cute.make_ptr(out.element_type, address + ((col0 + m) * out.stride[1] + n) * width,
-                                               cute.AddressSpace.gmem))
 
     def sharing_layout(self):
         """Who fills whose pipeline stages, for the pipeline's release signals.

@@ -81,26 +81,6 @@ def test_staged_epilogue_odd_outputs(tactic, layout):
     assert_close_to_reference(out, x, weight, label=f"{tactic} N={n} {layout} output")
 
 
-# Short K: the producer prefetches the output tile into L2 (split ranks a share each; multicast groups past N).
-PREFETCHING = [
-    SplitKTactic(64, 64, 1, 4), SplitKTactic(64, 16, 8, 2), SplitKTactic(64, 32, 2, 3, 1, 2),
-    SplitKTactic(40, 64, 2, 4, 1, 2, 1, True),
-]
-
-
-@pytest.mark.parametrize("tactic", PREFETCHING, ids=tactic_id)
-@pytest.mark.parametrize("layout", OUTPUT_LAYOUTS)
-def test_output_prefetch_odd_outputs(tactic, layout):
-    """Prefetching the output tile touches only ``out``'s lines and changes no result, whatever its layout."""
-    extra, first_column, spare_columns = OUTPUT_LAYOUTS[layout]
-    n, k, batch = 2 * tactic.weight_rows + extra, 128, tactic.activation_rows + 5  # odd tile count: a group past N
-    weight = torch.randn(n, k, device="cuda").to(torch.bfloat16)
-    x = torch.randn(batch, k, device="cuda").to(torch.bfloat16)
-    projection = PreparedProjection(weight, {batch: tactic}).prepare()
-    out = run_guarded(projection, x, n, torch.bfloat16, first_column=first_column, spare_columns=spare_columns)
-    assert_close_to_reference(out, x, weight, label=f"{tactic} N={n} {layout} output")
-
-
 @pytest.mark.parametrize("weight_dtype,out_dtype", DTYPES)
 @pytest.mark.parametrize("batch", [1, 3, 64])
 def test_decode_shape_every_dtype(weight_dtype, out_dtype, batch):
