@@ -4,6 +4,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 
@@ -138,6 +140,24 @@ def test_compute_profile_labels_ours_and_names_cublas(tmp_path, capsys, monkeypa
     lines = capsys.readouterr().out.splitlines()
     assert "(64,256,1,5,1,1)" in lines[1] and " 46.00 " in lines[1] and " 1815 " in lines[1] and " 88.5 " in lines[1]
     assert "torch.matmul: sm90_xmma_gemm_bf16" in lines[2] and " 43.90 " in lines[2] and " 0.60" in lines[2]
+
+
+def test_cold_output_profile_drops_the_glue_and_takes_medians(tmp_path, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))  # it shares profile_cells' helpers
+    profile = load_script("profile_cold_output")
+    labels = tmp_path / "labels.txt"
+    labels.write_text("1536x128 M=64 ours cold\n" * 3)
+    columns = ",".join(f'"{m}"' for m in profile.METRICS)
+    glue, ours = '"{}","vectorized_elementwise_kernel","1","2","3"\n', '"{}","kernel_SplitKGemm","{},000","400,000","0"\n'
+    rows = [glue.format(2 * i) + ours.format(2 * i + 1, us) for i, us in enumerate((3, 9, 4))]
+    ncu = tmp_path / "ncu.csv"
+    ncu.write_text('"ID","Kernel Name",' + columns + '\n"","","","",""\n' + "".join(rows))
+    profile.summarize(ncu, labels)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and "ours cold" in lines[1] and " 4.00 " in lines[1] and " 400.0 " in lines[1]
+    labels.write_text("1536x128 M=64 ours cold\n" * 2)
+    with pytest.raises(SystemExit, match="3 profiled kernels besides the glue, 2 labels"):
+        profile.summarize(ncu, labels)
 
 
 def test_time_tactics_parses_cells_and_weight_as_b():
