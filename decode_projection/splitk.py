@@ -82,6 +82,9 @@ class SplitKGemm:
     the output needs only unit stride along N.
     """
 
+    # Launched with programmatic dependent launch: weights stream while the previous kernel finishes.
+    programmatic_launch = True
+
     def __init__(self, tactic: SplitKTactic):
         self.tactic = as_tactic(tactic)
         self.producer_warp = 4 * self.tactic.consumer_groups
@@ -147,7 +150,7 @@ class SplitKGemm:
             # 0.3-0.5 us per launch after glue (docs/performance.md, v17).
             cluster=(t.split * t.multicast, 1, 1) if t.split * t.multicast > 1 else None,
             stream=stream,
-            use_pdl=True,
+            use_pdl=self.programmatic_launch,
         )
 
     @cute.kernel

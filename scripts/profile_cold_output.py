@@ -26,7 +26,8 @@ GLUE = "elementwise"  # in the glue kernel's name (torch's add_); every other ke
 
 
 def launch_cells(labels_path):
-    """Per cell and repeat: glue, then ours and torch.matmul into a cold output copy and into one hot output."""
+    """Per cell and repeat: glue, then ours and torch.matmul into a cold output copy and into one hot output,
+    each launch reading a weight copy no launch has read before."""
     import torch
 
     from decode_projection.projection import PreparedProjection
@@ -43,13 +44,16 @@ def launch_cells(labels_path):
         projections = [PreparedProjection(w, {batch: tactic}).prepare() for w in weights]
         projections[0].run(x, outs[0])  # outside the range: loads the module
         torch.matmul(x, weights[0].T, out=outs[0])
-        for repeat in range(REPEATS):
-            i = 1 + repeat  # a weight copy and an output copy nothing has touched since they were made
-            for out, temperature in ((outs[i], "cold"), (outs[0], "hot")):
-                for provider, launch in (
-                    (f"ours {tactic.label}", lambda i=i, out=out: projections[i].run(x, out)),
-                    ("torch.matmul", lambda i=i, out=out: torch.matmul(x, weights[i].T, out=out)),
-                ):
+        fresh = iter(range(1, copies))  # weight and output copies nothing has touched since they were made
+        for _ in range(REPEATS):
+            for temperature in ("cold", "hot"):
+                for provider in (f"ours {tactic.label}", "torch.matmul"):
+                    i = next(fresh)  # every launch reads a cold weight
+                    out = outs[i] if temperature == "cold" else outs[0]
+                    if provider == "torch.matmul":
+                        launch = lambda out=out, x=x, weight=weights[i]: torch.matmul(x, weight.T, out=out)  # noqa: E731
+                    else:
+                        launch = lambda out=out, x=x, run=projections[i].run: run(x, out)  # noqa: E731
                     launches += [glue, launch]
                     labels.append(f"{n}x{k} M={batch} {provider} {temperature}")
         alive += [weights, x, outs, projections]
