@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from decode_projection import PreparedProjection
+from decode_projection import PreparedProjection, SplitKTactic
 from decode_projection.bench import format_tables, run_benchmark
 from decode_projection.checks import assert_close_to_reference
 from decode_projection.tables import load_table
@@ -30,6 +30,35 @@ def test_batch_invariant_rows_do_not_depend_on_the_batch(shape):
             raise AssertionError(f"{n}x{k}: out[{row}, {col}] at batch {batch} is {together[row, col]}, "
                                  f"at batch 1 {alone[row, col]} ({projection.policies[batch]})")
     assert_close_to_reference(alone, x, weight, label=f"{n}x{k} batch-invariant")
+
+
+# Two summation orders (split, K boxes), each with a whole-warpgroup tile first and weight-as-A tiles padded
+# to whole warpgroups after it: one, two and three warpgroups, activation tiles of 8 to 64 rows.
+PADDED_ORDERS = [
+    [SplitKTactic(64, 8, 1, 6, 2), SplitKTactic(56, 8, 1, 6, 2), SplitKTactic(56, 16, 1, 5, 2),
+     SplitKTactic(160, 32, 1, 4, 2), SplitKTactic(56, 64, 1, 7, 2)],
+    [SplitKTactic(128, 8, 4, 6), SplitKTactic(120, 16, 4, 6), SplitKTactic(48, 64, 4, 7), SplitKTactic(176, 32, 4, 4)],
+]
+
+
+@pytest.mark.parametrize("tactics", PADDED_ORDERS, ids=lambda ts: "split{}-boxes{}".format(*ts[0].summation_order))
+def test_padded_tiles_sum_in_the_order_of_whole_tiles(tactics):
+    """A padded weight tile gives every output bit for bit what the whole tile of its order gives, at any batch."""
+    n, k, batch = 1000, 1544, 61  # ragged weight tiles, a K tail, a partial activation tile
+    weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(batch, k, device="cuda", dtype=torch.bfloat16)
+    whole = PreparedProjection(weight, {1: tactics[0]}).prepare()
+    alone = torch.cat([whole.run(x[row : row + 1], torch.empty(1, n, device="cuda", dtype=torch.bfloat16))
+                       for row in range(batch)])
+    for tactic in tactics:
+        assert tactic.summation_order == tactics[0].summation_order
+        together = PreparedProjection(weight, {batch: tactic}).prepare().run(
+            x, torch.full((batch, n), float("nan"), device="cuda", dtype=torch.bfloat16))
+        if not torch.equal(together, alone):
+            row, col = (together != alone).nonzero()[0].tolist()
+            raise AssertionError(f"{tactic}: out[{row}, {col}] is {together[row, col]}, "
+                                 f"{tactics[0]} one row at a time gives {alone[row, col]}")
+    assert_close_to_reference(alone, x, weight, label=f"{tactics[0]} one row at a time")
 
 
 def test_for_weight_picks_table_or_heuristic_and_is_correct():
