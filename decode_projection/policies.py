@@ -306,10 +306,11 @@ def filling_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, weight_a
     return leaders + [t for t in found if t not in leaders]
 
 
-def padded_tile_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> list[SplitKTactic]:
+def padded_tile_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, order=None) -> list[SplitKTactic]:
     """SM-filling weight-as-A tiles that are not whole warpgroups: the unsplit one in stages of 4
     and 2 boxes (at its deepest one-box pipeline where neither fits, as at K=128), then the best
-    split one.
+    split one; where ``order`` pins (split, K boxes), the best one with that split in stages of
+    that many boxes.
 
     Wide stages, not the deepest one-box pipeline: with 25 one-box stages the
     padded tile was the fastest back to back on 6288 x 7168 and 7168 x 14336 at
@@ -319,6 +320,10 @@ def padded_tile_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> list
     """
     found = [t for t in filling_tactics(n, k, batch, gpu, weight_as_b=False)
              if t.weight_smem_rows > t.weight_rows]
+    if order is not None:
+        split, k_boxes = order
+        pinned = [with_k_boxes(t, k_boxes) for t in found if t.split == split]
+        return [t for t in pinned if t.valid and t.stages >= 2 and fills_every_rank(t, k)][:1]
     unsplit = [t for t in found if t.split == 1][:1]
     wide = [with_k_boxes(t, boxes) for t in unsplit for boxes in reversed(K_BOXES[1:])]
     wide = [t for t in wide if t.valid and t.stages >= 2 and fills_every_rank(t, k)]
@@ -369,9 +374,8 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     SHARED_LOAD_ROWS activation rows on (multicast never changes the sums), unless
     rounding the tiles up to whole groups would push a one-wave grid into a second;
     at streaming batches up to PADDED_TILE_CANDIDATES to SM-filling weight tiles
-    that are not whole warpgroups (``padded_tile_tactics``), unless ``order`` pins
-    the summation order (the GPU tests verify batch invariance with whole tiles
-    only); at compute-bound batches up to COLUMN_GROUP_CANDIDATES to the best 64-row
+    that are not whole warpgroups (``padded_tile_tactics``; under a pinned order,
+    one of that order: a padded tile sums as the whole tile does); at compute-bound batches up to COLUMN_GROUP_CANDIDATES to the best 64-row
     tactics with two consumer warpgroups splitting the activation tile (the model
     cannot tell how busy they keep the tensor pipe: only timing can); and from
     WEIGHT_AS_B_ROWS activation rows on up to WEIGHT_AS_B_CANDIDATES to tactics with
@@ -391,8 +395,8 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     chosen = [pick] + family_bests
     chosen += [t for t in ranked if t not in chosen]
     padded, columns, weight_as_b = [], [], []
-    if activation_rows_for(batch) < COMPUTE_BOUND_ROWS and order is None:
-        padded = padded_tile_tactics(n, k, batch, gpu)[:PADDED_TILE_CANDIDATES]
+    if activation_rows_for(batch) < COMPUTE_BOUND_ROWS:
+        padded = padded_tile_tactics(n, k, batch, gpu, order)[:PADDED_TILE_CANDIDATES]
     if activation_rows_for(batch) >= COMPUTE_BOUND_ROWS:
         columns = [replace(t, column_groups=2) for t in chosen if t.weight_rows == WGMMA_ROWS]
         columns = [t for t in columns if t.valid][:COLUMN_GROUP_CANDIDATES]

@@ -118,8 +118,8 @@ def shared_order(timed_by_batch: dict[int, list[Timed]]) -> tuple:
     the free table back to back, as the benchmark reads it, rank first (else the
     smallest worst excess); then the lowest geometric mean over all batches of
     the order's best score over the batch's best. Where no order was timed at
-    every batch, batch 1's winner's; ties go to it too. Only whole-tile tactics
-    with the weight as A count (the GPU tests verify invariance for those); the free
+    every batch, batch 1's winner's; ties go to it too. Only tactics with the
+    weight as A count (the GPU tests verify invariance for those); the free
     table's best, whatever its kind, is what each order is measured against.
     """
     batches = sorted(timed_by_batch)
@@ -131,7 +131,7 @@ def shared_order(timed_by_batch: dict[int, list[Timed]]) -> tuple:
             if t.tactic.invariance_verified and (key not in best or t.score < best[key].score):
                 best[key] = t
     if not best:
-        raise ValueError("no whole-tile tactic with the weight as A was timed: "
+        raise ValueError("no tactic with the weight as A was timed: "
                          "no batch-invariant summation order to choose")
     first_winner = min(best.items(), key=lambda found: (found[0][0], found[1].score))[0][1]
     everywhere = set.intersection(*({order for b, order in best if b == batch} for batch in batches))

@@ -205,9 +205,10 @@ def test_padded_weight_tiles_fill_the_sms_at_streaming_batches():
     for (n, k) in KIMI_K3_SHAPES:
         for batch in (96, 256):
             assert all(t.weight_smem_rows == t.weight_rows for t in candidate_tactics(n, k, batch, limit=16))
-    # Not with a pinned summation order: batch invariance is verified with whole tiles only.
+    # Under a pinned summation order, one padded tile of that order (it sums as the whole tile does).
     pinned = candidate_tactics(7168, 4224, 1, limit=16, order=(1, 2))
-    assert pinned and all(t.weight_smem_rows == t.weight_rows for t in pinned)
+    assert {t.summation_order for t in pinned} == {(1, 2)}
+    assert [t.weight_rows for t in pinned if t.weight_smem_rows > t.weight_rows] == [56]
 
 
 def test_a_weight_as_b_order_cannot_be_pinned():
@@ -228,8 +229,6 @@ REFUSED_INVARIANT_TABLES = {
     "mixed-k-boxes": ([(1, (64, 8, 2, 6, 4)), (16, (64, 16, 2, 12, 1))], "mixes summation orders"),
     # Invariance is verified with the weight as A only.
     "weight-as-b": ([(64, (64, 64, 2, 6)), (256, (112, 128, 2, 4, 1, 1, 1, True))], "weight as A only"),
-    # Same summation order as a whole tile, but invariance is verified with whole tiles only.
-    "padded-tile": ([(1, (64, 8, 1, 6, 2)), (32, (56, 32, 1, 9, 2))], "padded weight tile"),
 }
 
 
@@ -241,6 +240,13 @@ def test_batch_invariant_table_is_refused(tmp_path, name):
                        dsl_version="test", measured="today")
     with pytest.raises(ValueError, match=reason):
         tables.load_table(path)
+
+
+def test_batch_invariant_table_may_hold_padded_tiles_of_its_order(tmp_path):
+    path = tmp_path / "padded.json"
+    tables.write_table(path, [entry(1, (64, 8, 1, 6, 2), invariant=True), entry(32, (56, 32, 1, 9, 2), invariant=True)],
+                       dsl_version="test", measured="today")
+    assert tables.load_table(path)
 
 
 def test_free_table_may_hold_what_invariant_tables_may_not(tmp_path):
