@@ -375,7 +375,8 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     rounding the tiles up to whole groups would push a one-wave grid into a second;
     at streaming batches up to PADDED_TILE_CANDIDATES to SM-filling weight tiles
     that are not whole warpgroups (``padded_tile_tactics``; under a pinned order,
-    one of that order: a padded tile sums as the whole tile does); at compute-bound batches up to COLUMN_GROUP_CANDIDATES to the best 64-row
+    one of that order: a padded tile sums as the whole tile does); at
+    compute-bound batches up to COLUMN_GROUP_CANDIDATES to the best 64-row
     tactics with two consumer warpgroups splitting the activation tile (the model
     cannot tell how busy they keep the tensor pipe: only timing can); and from
     WEIGHT_AS_B_ROWS activation rows on up to WEIGHT_AS_B_CANDIDATES to tactics with

@@ -50,14 +50,19 @@ def launch_cells(labels_path):
                 for provider in (f"ours {tactic.label}", "torch.matmul"):
                     i = next(fresh)  # every launch reads a cold weight
                     out = outs[i] if temperature == "cold" else outs[0]
-                    if provider == "torch.matmul":
-                        launch = lambda out=out, x=x, weight=weights[i]: torch.matmul(x, weight.T, out=out)  # noqa: E731
-                    else:
-                        launch = lambda out=out, x=x, run=projections[i].run: run(x, out)  # noqa: E731
-                    launches += [glue, launch]
+                    launches += [glue, launcher(provider, x, weights[i], projections[i], out)]
                     labels.append(f"{n}x{k} M={batch} {provider} {temperature}")
         alive += [weights, x, outs, projections]
     profile(launches, labels, labels_path)
+
+
+def launcher(provider, x, weight, projection, out):
+    """``launch()`` for one provider's call on one weight copy into ``out``."""
+    import torch
+
+    if provider == "torch.matmul":
+        return lambda: torch.matmul(x, weight.T, out=out)
+    return lambda: projection.run(x, out)
 
 
 def summarize(csv_path, labels_path):
