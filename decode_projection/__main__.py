@@ -119,6 +119,7 @@ def warm(args):
     arch = architecture(device) if device is not None else "sm_90a"
     jobs = kernel_jobs(args.shape, args.batches, args.policies.split(","), device, arch, DTYPES[args.dtype],
                        DTYPES[args.out_dtype])
+    jobs = [(*job, not args.no_programmatic_launch) for job in jobs]
     print(f"{compile_all(jobs, workers=args.workers)} kernels for {arch} in {cache_dir()}")
     return 0
 
@@ -169,6 +170,8 @@ def main(argv=None):
     run_warm.add_argument("--policies", default="tuned",
                           help="comma-separated: tuned, heuristic, batch-invariant (default: %(default)s)")
     run_warm.add_argument("--workers", type=positive_int, help="compiling processes (default: one per CPU, at most 16)")
+    run_warm.add_argument("--no-programmatic-launch", action="store_true",
+                          help="the kernels for projections prepared with programmatic_launch=False")
     run_tune = commands.add_parser("tune", help="tune tactics on this GPU and write a JSON table")
     common(run_tune)
     run_tune.add_argument("--candidates", type=int, default=8, help="tactics timed per cell (default: %(default)s)")

@@ -82,11 +82,12 @@ class SplitKGemm:
     the output needs only unit stride along N.
     """
 
-    # Launched with programmatic dependent launch: weights stream while the previous kernel finishes.
-    programmatic_launch = True
-
-    def __init__(self, tactic: SplitKTactic):
+    def __init__(self, tactic: SplitKTactic, programmatic_launch: bool = True):
         self.tactic = as_tactic(tactic)
+        # With programmatic dependent launch the weight streams while the previous kernel finishes
+        # (1.2-1.5 us saved back to back on the H200); after a kernel that never triggers its
+        # dependents, as torch's do not, the launch attribute cost 0.14-0.53 us (docs/performance.md, v20).
+        self.programmatic_launch = programmatic_launch
         self.producer_warp = 4 * self.tactic.consumer_groups
         self.consumer_threads = 128 * self.tactic.consumer_groups
 

@@ -29,8 +29,8 @@ def _compile_one(job):
 
 
 def compile_all(jobs, *, workers=None, progress=True) -> int:
-    """Compile every ``(tactic, output dtype, arch, weight dtype)`` job, in parallel where a disk
-    cache lets workers hand kernels over, and load them into this process; returns the count."""
+    """Compile every ``(tactic, output dtype, arch, weight dtype[, programmatic launch])`` job, in parallel
+    where a disk cache lets workers hand kernels over, and load them into this process; returns the count."""
     jobs = sorted(set(jobs), key=str)
     workers = min(len(jobs), workers or min(os.cpu_count() or 1, MOST_WORKERS))
     if cache_dir() is not None and workers > 1:

@@ -12,32 +12,12 @@ output, back to back and after glue, next to torch.matmul. Needs a Hopper GPU.
 """
 
 import argparse
-import os
 
 import torch
 
-os.environ["DECODE_PROJECTION_DISK_CACHE"] = "0"  # the variant must compile, not load the shipped kernel's file
-
-from decode_projection import projection  # noqa: E402
-from decode_projection.checks import Reference  # noqa: E402
-from decode_projection.splitk import SplitKGemm  # noqa: E402
-from decode_projection.timing import cold_copies, foreign_kernel, interleaved_time_us  # noqa: E402
-
-
-class WithoutProgrammaticLaunch(SplitKGemm):
-    """The same kernel launched as any other kernel is."""
-
-    programmatic_launch = False
-
-
-def prepared(weights, batch, tactic, kernel_class):
-    """Every weight copy prepared with ``tactic`` compiled from ``kernel_class``."""
-    projection.SplitKGemm = kernel_class
-    projection.compile_projection.cache_clear()
-    try:
-        return [projection.PreparedProjection(w, {batch: tactic}).prepare() for w in weights]
-    finally:
-        projection.SplitKGemm = SplitKGemm
+from decode_projection.checks import Reference
+from decode_projection.projection import PreparedProjection
+from decode_projection.timing import cold_copies, foreign_kernel, interleaved_time_us
 
 
 def time_cell(n, k, batch):
@@ -47,12 +27,12 @@ def time_cell(n, k, batch):
     weights = [torch.randn(n, k, device="cuda").to(torch.bfloat16) for _ in range(copies)]
     x = torch.randn(batch, k, device="cuda").to(torch.bfloat16)
     outs = [torch.empty(batch, n, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
-    tactic = projection.PreparedProjection.for_weight(weights[0], batches=(batch,)).policies[batch]
+    tactic = PreparedProjection.for_weight(weights[0], batches=(batch,)).policies[batch]
     reference = Reference(x, weights[0], torch.bfloat16)
     providers = {"torch.matmul": lambda i, out: torch.matmul(x, weights[i].T, out=out)}
-    variants = {f"{tactic.label} PDL": SplitKGemm, f"{tactic.label} no PDL": WithoutProgrammaticLaunch}
-    for name, kernel_class in variants.items():
-        projections = prepared(weights, batch, tactic, kernel_class)
+    for name, programmatic in ((f"{tactic.label} PDL", True), (f"{tactic.label} no PDL", False)):
+        projections = [PreparedProjection(w, {batch: tactic}, programmatic_launch=programmatic).prepare()
+                       for w in weights]
         outs[0].fill_(float("nan"))
         reference.check(projections[0].run(x, outs[0]), label=f"{n}x{k} M={batch} {name}")
         providers[name] = lambda i, out, projections=projections: projections[i].run(x, out)

@@ -47,6 +47,10 @@ def test_warm_fills_the_persistent_cache(no_gpu, capsys, tmp_path, monkeypatch):
     assert main(["warm", "--shape", "1536x128", "--batches", "1,64", "--policies", "heuristic", "--workers", "1"]) == 0
     assert "2 kernels for sm_90a in " + str(tmp_path) in capsys.readouterr().out
     assert len(list(tmp_path.glob("*.o"))) == 2
+    # The same kernels launched without programmatic dependent launch are two more files.
+    assert main(["warm", "--shape", "1536x128", "--batches", "1,64", "--policies", "heuristic", "--workers", "1",
+                 "--no-programmatic-launch"]) == 0
+    assert len(list(tmp_path.glob("*.o"))) == 4
 
 
 def test_warm_refuses_without_a_disk_cache_or_with_no_workers(no_gpu, capsys, monkeypatch):

@@ -14,7 +14,7 @@ from decode_projection.sass import kernel_report
 from decode_projection.tactic import SplitKTactic
 
 TACTIC = SplitKTactic(64, 8, 2, 4)
-INPUTS = (TACTIC, "torch.bfloat16", "torch.bfloat16", "sm_90a")
+INPUTS = (TACTIC, "torch.bfloat16", "torch.bfloat16", "sm_90a", True)
 
 
 @pytest.fixture
@@ -31,8 +31,9 @@ def test_key_changes_with_every_codegen_input(monkeypatch):
     variants = [
         (SplitKTactic(64, 8, 2, 5), *INPUTS[1:]),
         (TACTIC, "torch.float32", *INPUTS[2:]),
-        (*INPUTS[:2], "torch.float16", "sm_90a"),
-        (*INPUTS[:3], "sm_100a"),
+        (*INPUTS[:2], "torch.float16", *INPUTS[3:]),
+        (*INPUTS[:3], "sm_100a", True),
+        (*INPUTS[:4], False),  # launched without programmatic dependent launch
     ]
     keys = {disk_cache.cache_key(*inputs) for inputs in variants}
     assert len(keys) == len(variants) and base not in keys
@@ -55,9 +56,11 @@ def test_warm_start_compiles_nothing(cache_dir, monkeypatch):
     warm = compile_projection(TACTIC, torch.bfloat16, "sm_90a")
     assert warm.execution_args.signature == cold.execution_args.signature
     assert kernel_report(warm).utmaldg > 0
-    # A different tactic is a miss, and would have to compile.
+    # A different tactic is a miss, and would have to compile; so is the launch without programmatic launch.
     with pytest.raises(AssertionError, match="compiled a kernel"):
         compile_projection(SplitKTactic(64, 8, 1, 4), torch.bfloat16, "sm_90a")
+    with pytest.raises(AssertionError, match="compiled a kernel"):
+        compile_projection(TACTIC, torch.bfloat16, "sm_90a", torch.bfloat16, False)
 
 
 def test_disabled_cache_writes_nothing(cache_dir, monkeypatch):

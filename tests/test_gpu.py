@@ -135,6 +135,29 @@ def test_cuda_graph_capture_and_replay():
         assert_close_to_reference(out, x, weight, label="graph replay")
 
 
+@pytest.mark.parametrize("tactic", [SplitKTactic(64, 8, 2, 8), SplitKTactic(64, 64, 1, 4)], ids=tactic_id)
+def test_without_programmatic_launch_gives_the_same_bits(tactic):
+    """programmatic_launch=False launches the same code: the same bits eagerly and replayed after a torch kernel."""
+    weight = torch.randn(2304, 1536, device="cuda", dtype=torch.bfloat16)
+    batch = tactic.activation_rows - 3
+    x = torch.randn(batch, 1536, device="cuda", dtype=torch.bfloat16)
+    chained = PreparedProjection(weight, {batch: tactic}).prepare()
+    plain = PreparedProjection(weight, {batch: tactic}, programmatic_launch=False).prepare()
+    expected = chained.run(x, torch.empty(batch, 2304, device="cuda", dtype=torch.bfloat16))
+    out = run_guarded(plain, x, 2304, torch.bfloat16)
+    assert torch.equal(out, expected)
+    assert_close_to_reference(out, x, weight, label=f"{tactic} without programmatic launch")
+    scratch = torch.zeros(4096, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        scratch.add_(1.0)  # a kernel that never triggers its dependents, as in a model
+        plain.run(x, out)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected)
+
+
 def test_runs_on_current_stream_without_sync():
     weight = torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(4, 2048, device="cuda", dtype=torch.bfloat16)

@@ -136,6 +136,13 @@ def test_cache_is_keyed_on_code_only(monkeypatch):
     # Different codegen inputs give different code: the fp32 kernel stores 4-byte values.
     reports = [kernel_report(code) for code in (small.kernels[4], *variants)]
     assert len({report.sass for report in reports}) == 4
+    # Programmatic dependent launch is a launch attribute: an entry of its own, the same device code.
+    plain = PreparedProjection(torch.randn(64, 128, dtype=torch.bfloat16), {4: TACTIC}, programmatic_launch=False)
+    plain = plain.prepare().kernels[4]
+    assert plain is not small.kernels[4] and compile_projection.cache_info().currsize == 5
+    assert kernel_report(plain).sass == reports[0].sass
+    with pytest.raises(TypeError, match="programmatic_launch must be a bool"):
+        PreparedProjection(torch.randn(64, 128, dtype=torch.bfloat16), {4: TACTIC}, programmatic_launch="no")
 
 
 def test_tactic_predicate_is_shared():
