@@ -7,10 +7,12 @@ NaN-poisoned output, then all of them and torch.matmul are timed interleaved
 (``timing.interleaved_time_us``), back to back and after a glue kernel. Like the
 benchmark, each launch writes its own output copy, so the output's lines are
 cold in L2; ``--one-output`` also times every launch writing one output buffer
-(hot in L2), which tells the cost of writing cold lines from the rest. Needs a
-Hopper GPU.
+(hot in L2), which tells the cost of writing cold lines from the rest, and
+``--no-programmatic-launch`` every tactic launched without programmatic
+dependent launch. Needs a Hopper GPU.
 
     python scripts/time_tactics.py 6288x7168:64:128,64,1,9,1,4/64,64,1,13 7168x1536:48:64,64,1,7
+    python scripts/time_tactics.py --one-output --no-programmatic-launch 1536x128:64:64,64,1,4
 """
 
 import argparse
@@ -42,24 +44,27 @@ def parse_tactic(text):
     return as_tactic(tuple(numbers) + ((True,) if weight_as_b else ()))
 
 
-def time_cell(n, k, batch, tactics, one_output=False):
-    """{label: (back to back us, after glue us)} for torch.matmul and each tactic (and, with
-    ``one_output``, each of them again writing ``outs[0]`` only)."""
+def time_cell(n, k, batch, tactics, one_output=False, without_programmatic_launch=False):
+    """{label: (back to back us, after glue us)} for torch.matmul and each tactic; with ``one_output``
+    each of them again writing ``outs[0]`` only, with ``without_programmatic_launch`` each tactic
+    again prepared with ``programmatic_launch=False``."""
     copies = cold_copies(n * k * 2)
     weights = [torch.randn(n, k, device="cuda").to(torch.bfloat16) for _ in range(copies)]
     x = torch.randn(batch, k, device="cuda").to(torch.bfloat16)
     outs = [torch.empty(batch, n, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
     reference = Reference(x, weights[0], torch.bfloat16)
-    launches = {"torch.matmul": lambda i, o=None: torch.matmul(x, weights[i].T, out=outs[i if o is None else o])}
-    for tactic in tactics:
-        projections = [PreparedProjection(w, {batch: tactic}).prepare() for w in weights]
-        outs[0].fill_(float("nan"))
-        reference.check(projections[0].run(x, outs[0]), label=f"{n}x{k} M={batch} {tactic.label}")
-        launches[tactic.label] = (lambda i, o=None, projections=projections:
-                                  projections[i].run(x, outs[i if o is None else o]))
+    runs = {"torch.matmul": lambda i, out: torch.matmul(x, weights[i].T, out=out)}  # weight copy i into out
+    for programmatic in (True, False) if without_programmatic_launch else (True,):
+        for tactic in tactics:
+            label = tactic.label + ("" if programmatic else " no PDL")
+            projections = [PreparedProjection(w, {batch: tactic}, programmatic_launch=programmatic).prepare()
+                           for w in weights]
+            outs[0].fill_(float("nan"))
+            reference.check(projections[0].run(x, outs[0]), label=f"{n}x{k} M={batch} {label}")
+            runs[label] = lambda i, out, projections=projections: projections[i].run(x, out)
+    launches = {label: lambda i, run=run: run(i, outs[i]) for label, run in runs.items()}
     if one_output:
-        launches.update({f"{label} one out": lambda i, launch=launch: launch(i, 0)
-                         for label, launch in list(launches.items())})
+        launches.update({f"{label} one out": lambda i, run=run: run(i, outs[0]) for label, run in runs.items()})
     chained = interleaved_time_us(launches, copies)
     alone = interleaved_time_us(launches, copies, separator=foreign_kernel(x.device))
     return {label: (chained[label], alone[label]) for label in launches}
@@ -69,13 +74,18 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("cells", nargs="+", type=parse_cell, help="NxK:M:tactic/tactic/...")
     parser.add_argument("--one-output", action="store_true", help="also time every launch writing one output buffer")
+    parser.add_argument("--no-programmatic-launch", action="store_true",
+                        help="also time every tactic launched without programmatic dependent launch")
     args = parser.parse_args()
     arch = architecture(torch.device("cuda"))
-    compile_all((t, torch.bfloat16, arch, torch.bfloat16) for *_, tactics in args.cells for t in tactics)
-    print(f"{'cell':<18} {'tactic':<24} {'back to back us':>16} {'after glue us':>14} {'mean':>7}")
+    launch_kinds = (True, False) if args.no_programmatic_launch else (True,)
+    compile_all((t, torch.bfloat16, arch, torch.bfloat16, programmatic)
+                for *_, tactics in args.cells for t in tactics for programmatic in launch_kinds)
+    print(f"{'cell':<18} {'launch':<34} {'back to back us':>16} {'after glue us':>14} {'mean':>7}")
     for n, k, batch, tactics in args.cells:
-        for label, (chained, alone) in time_cell(n, k, batch, tactics, args.one_output).items():
-            print(f"{f'{n}x{k} M={batch}':<18} {label:<24} {chained:16.2f} {alone:14.2f} {(chained + alone) / 2:7.2f}")
+        timed = time_cell(n, k, batch, tactics, args.one_output, args.no_programmatic_launch)
+        for label, (chained, alone) in timed.items():
+            print(f"{f'{n}x{k} M={batch}':<18} {label:<34} {chained:16.2f} {alone:14.2f} {(chained + alone) / 2:7.2f}")
         print(flush=True)
 
 
