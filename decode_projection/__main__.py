@@ -71,12 +71,13 @@ def render(cells, meta, args):
 
 def bench(args):
     """Time the workload, or compile it and report when there is no Hopper GPU."""
-    from .bench import load_json, run_benchmark
+    from .bench import LAUNCHES, load_json, run_benchmark
 
     if args.from_json:
         render(*load_json(args.from_json), args)
         return 0
     kinds = args.policies.split(",")
+    launches = args.launch.split(",")
     weight_dtype, output_dtype = DTYPES[args.dtype], DTYPES[args.out_dtype]
     if not hopper_available():
         from .compile_report import compile_report
@@ -91,7 +92,7 @@ def bench(args):
 
     with ClockLog(torch.cuda.current_device()) as clocks:
         cells = run_benchmark(args.shape, args.batches, kinds, weight_dtype=weight_dtype, output_dtype=output_dtype,
-                              isolated=args.isolated)
+                              isolated=args.isolated, programmatic_launches=[LAUNCHES[name] for name in launches])
     props = torch.cuda.get_device_properties(0)
     meta = {
         "gpu": props.name, "sm_count": props.multi_processor_count, "torch": torch.__version__,
@@ -118,8 +119,7 @@ def warm(args):
     device = torch.device("cuda", torch.cuda.current_device()) if hopper_available() else None
     arch = architecture(device) if device is not None else "sm_90a"
     jobs = kernel_jobs(args.shape, args.batches, args.policies.split(","), device, arch, DTYPES[args.dtype],
-                       DTYPES[args.out_dtype])
-    jobs = [(*job, not args.no_programmatic_launch) for job in jobs]
+                       DTYPES[args.out_dtype], programmatic_launches=(not args.no_programmatic_launch,))
     print(f"{compile_all(jobs, workers=args.workers)} kernels for {arch} in {cache_dir()}")
     return 0
 
@@ -165,6 +165,9 @@ def main(argv=None):
     run_bench.add_argument("--markdown", action="store_true", help="also print a compact Markdown summary")
     run_bench.add_argument("--isolated", action="store_true",
                            help="run a small foreign kernel before every launch (no back-to-back overlap)")
+    run_bench.add_argument("--launch", default="programmatic",
+                           help="comma-separated: programmatic (with programmatic dependent launch), plain "
+                                "(programmatic_launch=False; cells labelled <policy>/plain) (default: %(default)s)")
     run_warm = commands.add_parser("warm", help="compile every kernel the policies need into the persistent cache")
     common(run_warm)
     run_warm.add_argument("--policies", default="tuned",
@@ -190,9 +193,14 @@ def main(argv=None):
         parser.error("--update re-tunes some cells of a free table; a batch-invariant order needs every batch")
     args.shape = args.shape or list(KIMI_K3_SHAPES)
     if args.command in ("bench", "warm"):
-        unknown = set(args.policies.split(",")) - {"tuned", "heuristic", "batch-invariant"}
+        from .bench import LAUNCHES, POLICY_KINDS
+
+        unknown = set(args.policies.split(",")) - set(POLICY_KINDS)
         if unknown:
             parser.error(f"unknown policies {sorted(unknown)}")
+        unknown = set(getattr(args, "launch", "programmatic").split(",")) - set(LAUNCHES)
+        if unknown:
+            parser.error(f"unknown launches {sorted(unknown)}")
     return {"bench": bench, "warm": warm, "tune": tune}[args.command](args)
 
 

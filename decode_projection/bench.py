@@ -26,6 +26,9 @@ from .timing import cold_copies, foreign_kernel, graph_time_us, interleaved_time
 from .warmup import compile_all
 
 POLICY_KINDS = ("tuned", "heuristic", "batch-invariant")
+# Launch kinds: with programmatic dependent launch (the default), or plain (PreparedProjection's
+# programmatic_launch=False), whose cells are labelled "<policy>/plain".
+LAUNCHES = {"programmatic": True, "plain": False}
 CUBLAS = "torch.matmul"  # its entry among a cell's interleaved launches
 # No read of HBM beats this (the H200 datasheet says 4.8 TB/s); a faster "ceiling"
 # means the read-only kernel skipped bytes, and must not be reported.
@@ -76,16 +79,23 @@ def policies_for(kind, n, k, batches, device, weight_dtype, output_dtype):
     )
 
 
-def kernel_jobs(shapes, batches, kinds, device, arch, weight_dtype, output_dtype):
-    """Every (tactic, output dtype, arch, weight dtype) the policies of ``kinds`` need for these shapes."""
+def policy_label(kind, programmatic_launch):
+    """The name a cell's policy goes by: the kind, with "/plain" for launches without PDL."""
+    return kind if programmatic_launch else f"{kind}/plain"
+
+
+def kernel_jobs(shapes, batches, kinds, device, arch, weight_dtype, output_dtype, programmatic_launches=(True,)):
+    """Every (tactic, output dtype, arch, weight dtype, programmatic launch) the policies of ``kinds`` need."""
     return {
-        (tactic, output_dtype, arch, weight_dtype)
+        (tactic, output_dtype, arch, weight_dtype, programmatic)
         for n, k in shapes for kind in kinds
         for tactic in policies_for(kind, n, k, batches, device, weight_dtype, output_dtype)[0].values()
+        for programmatic in programmatic_launches
     }
 
 
-def bench_shape(n, k, batches, kinds, *, weight_dtype, output_dtype, progress, isolated=False):
+def bench_shape(n, k, batches, kinds, *, weight_dtype, output_dtype, progress, isolated=False,
+                programmatic_launches=(True,)):
     """All cells of one weight shape; ``isolated`` puts a small foreign kernel before every launch."""
     device = torch.device("cuda", torch.cuda.current_device())
     separator = foreign_kernel(device) if isolated else None
@@ -97,7 +107,10 @@ def bench_shape(n, k, batches, kinds, *, weight_dtype, output_dtype, progress, i
     prepared = {}
     for kind in kinds:
         policies, sources = policies_for(kind, n, k, batches, device, weight_dtype, output_dtype)
-        prepared[kind] = ([PreparedProjection(w, policies, output_dtype=output_dtype).prepare() for w in weights], sources)
+        for programmatic in programmatic_launches:
+            projections = [PreparedProjection(w, policies, output_dtype=output_dtype,
+                                              programmatic_launch=programmatic).prepare() for w in weights]
+            prepared[policy_label(kind, programmatic)] = (projections, sources)
     cells = []
     for batch in batches:
         x = torch.randn(batch, k, device=device).to(weight_dtype)
@@ -105,18 +118,17 @@ def bench_shape(n, k, batches, kinds, *, weight_dtype, output_dtype, progress, i
         reference = Reference(x, weights[0], output_dtype)
         if not reference.torch_error < 1e-2:
             raise AssertionError(f"torch.matmul is off for {n}x{k} M={batch}: {reference.torch_error:.3g}")
-        for kind in kinds:
+        for label, (projections, _) in prepared.items():
             outs[0].fill_(float("nan"))
-            prepared[kind][0][0].run(x, outs[0])
-            reference.check(outs[0], label=f"{kind} {n}x{k} M={batch}")
+            projections[0].run(x, outs[0])
+            reference.check(outs[0], label=f"{label} {n}x{k} M={batch}")
         # torch.matmul and every policy in one interleaved measurement: drift falls on all alike.
         launches = {CUBLAS: lambda i: torch.matmul(x, weights[i].T, out=outs[i])}
-        launches.update({kind: runner(prepared[kind][0], x, outs) for kind in kinds})
+        launches.update({label: runner(projections, x, outs) for label, (projections, _) in prepared.items()})
         times = interleaved_time_us(launches, copies, separator=separator)
-        for kind in kinds:
-            projections, sources = prepared[kind]
+        for label, (projections, sources) in prepared.items():
             tactic = projections[0].policies[batch]
-            cells.append(Cell(n, k, batch, kind, sources[batch], tuple(asdict(tactic).values()), times[kind],
+            cells.append(Cell(n, k, batch, label, sources[batch], tuple(asdict(tactic).values()), times[label],
                               times[CUBLAS], ceiling, outs[0].element_size()))
             progress.update()
     return cells
@@ -127,15 +139,19 @@ def runner(projections, x, outs):
     return lambda i: projections[i].run(x, outs[i])
 
 
-def run_benchmark(shapes, batches, kinds, *, weight_dtype, output_dtype, isolated=False):
-    """Time every cell; returns the cells. Every kernel is compiled first, in parallel."""
+def run_benchmark(shapes, batches, kinds, *, weight_dtype, output_dtype, isolated=False,
+                  programmatic_launches=(True,)):
+    """Time every cell of every policy kind and launch kind; returns the cells. Every kernel is compiled
+    first, in parallel."""
     device = torch.device("cuda", torch.cuda.current_device())
-    compile_all(kernel_jobs(shapes, batches, kinds, device, architecture(device), weight_dtype, output_dtype))
+    compile_all(kernel_jobs(shapes, batches, kinds, device, architecture(device), weight_dtype, output_dtype,
+                            programmatic_launches))
     cells = []
-    with tqdm(total=len(shapes) * len(batches) * len(kinds), desc="bench", unit="cell") as progress:
+    total = len(shapes) * len(batches) * len(kinds) * len(programmatic_launches)
+    with tqdm(total=total, desc="bench", unit="cell") as progress:
         for n, k in shapes:
-            cells += bench_shape(n, k, batches, kinds, weight_dtype=weight_dtype,
-                                 output_dtype=output_dtype, progress=progress, isolated=isolated)
+            cells += bench_shape(n, k, batches, kinds, weight_dtype=weight_dtype, output_dtype=output_dtype,
+                                 progress=progress, isolated=isolated, programmatic_launches=programmatic_launches)
     return cells
 
 

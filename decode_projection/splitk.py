@@ -88,6 +88,11 @@ class SplitKGemm:
         # (1.2-1.5 us saved back to back on the H200); after a kernel that never triggers its
         # dependents, as torch's do not, the launch attribute cost 0.14-0.53 us (docs/performance.md, v20).
         self.programmatic_launch = programmatic_launch
+        # An unclustered launch lets the next one in as it starts: the next launch's CTAs then take
+        # each SM as this launch's CTA there exits and stream their first stages under this launch's
+        # tail (0.1-1.0 us back to back on the H200). Clustered launches lost up to 2.9 us that way,
+        # so they let it in once their weights are streamed (docs/performance.md, v21).
+        self.dependents_at_start = self.tactic.split * self.tactic.multicast == 1
         self.producer_warp = 4 * self.tactic.consumer_groups
         self.consumer_threads = 128 * self.tactic.consumer_groups
 
@@ -176,6 +181,8 @@ class SplitKGemm:
         if cutlass.const_expr(t.multicast > 1):
             rank, sharer = in_cluster % t.split, in_cluster // t.split
         n_tile = bidx // t.split
+        if cutlass.const_expr(self.dependents_at_start):
+            cute.arch.griddepcontrol_launch_dependents()
 
         # This CTA's contiguous slice of the K tiles; the last ranks may get none.
         k_tiles = cute.ceil_div(weight.shape[1], t.tile_k)
@@ -256,7 +263,8 @@ class SplitKGemm:
                     self.load_weight(weight_tiles, state, descriptor, tiles, k_begin + i, weight_row)
                     self.load_activations(act_tma, t_act_global, t_act_smem, state, tiles, k_begin + i, sharers_mask)
                     state.advance()
-                cute.arch.griddepcontrol_launch_dependents()
+                if cutlass.const_expr(not self.dependents_at_start):
+                    cute.arch.griddepcontrol_launch_dependents()
                 if cutlass.const_expr(t.multicast > 1):
                     # Sharers' consumers release this CTA's stages remotely: stay until they have.
                     tiles.producer_tail(state)
@@ -301,9 +309,10 @@ class SplitKGemm:
             warpgroup.wait_group(0)
             if k_count > 0:
                 tiles.consumer_release(retired)
-            # This CTA has streamed its weights: let the next kernel start its
-            # prologue, and wait for the previous one before writing ``out``.
-            cute.arch.griddepcontrol_launch_dependents()
+            # This CTA has streamed its weights: a clustered launch lets the next one in now.
+            # Wait for the previous launch before writing ``out``.
+            if cutlass.const_expr(not self.dependents_at_start):
+                cute.arch.griddepcontrol_launch_dependents()
             cute.arch.griddepcontrol_wait()
 
             # Each accumulator's (A row, B row) in this CTA's tile.
@@ -314,21 +323,10 @@ class SplitKGemm:
             if cutlass.const_expr(self.stages_output(out.element_type)):
                 self.store_staged(acc, coords, storage, out, row0, col0)
             elif cutlass.const_expr(t.split == 1):
-                # A tile wholly inside ``out`` (every tile but the edges) stores without
-                # per-element bounds checks: each check was a divergent branch around its store.
-                if row0 + t.weight_rows <= rows and col0 + t.activation_rows <= cols:
-                    for r in cutlass.range_constexpr(cute.size(acc)):
-                        n, m = self.output_index(coords[r])
-                        if cutlass.const_expr(t.weight_smem_rows > t.weight_rows):
-                            if n < t.weight_rows:  # warp-uniform: a warp's rows share one 8-row block
-                                out[row0 + n, col0 + m, 0] = acc[r].to(out.element_type)
-                        else:
-                            out[row0 + n, col0 + m, 0] = acc[r].to(out.element_type)
-                else:
-                    for r in cutlass.range_constexpr(cute.size(acc)):
-                        n, m = self.output_index(coords[r])
-                        if self.stores(n, m, row0, col0, rows, cols):
-                            out[row0 + n, col0 + m, 0] = acc[r].to(out.element_type)
+                for r in cutlass.range_constexpr(cute.size(acc)):
+                    n, m = self.output_index(coords[r])
+                    if self.stores(n, m, row0, col0, rows, cols):
+                        out[row0 + n, col0 + m, 0] = acc[r].to(out.element_type)
             else:
                 self.reduce_across_cluster(acc, coords, rank, sharer, storage, out, row0, col0)
 

@@ -32,6 +32,7 @@ def test_tune_without_gpu_says_so(no_gpu, capsys, tmp_path):
     ["bench", "--batches", "1,x"],
     ["bench", "--batches", "0"],
     ["bench", "--policies", "fastest"],
+    ["bench", "--launch", "pdl"],
     ["bench", "--dtype", "fp8"],
     ["tune", "--out", "t.json", "--update", "--batch-invariant-out", "i.json"],
 ])

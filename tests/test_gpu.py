@@ -158,6 +158,42 @@ def test_without_programmatic_launch_gives_the_same_bits(tactic):
     assert torch.equal(out, expected)
 
 
+@pytest.mark.parametrize("tactic", [SplitKTactic(64, 16, 1, 4), SplitKTactic(64, 8, 1, 6, 4),
+                                    SplitKTactic(128, 16, 3, 4), SplitKTactic(64, 16, 2, 4, 1, 2)], ids=tactic_id)
+def test_chained_launches_read_what_the_previous_one_wrote(tactic):
+    """Back to back, each launch reads the previous one's output and overwrites its input: the same
+    bits as launches one at a time, eagerly and replayed in a CUDA graph, whichever way it lets the next in."""
+    batch = tactic.activation_rows - 4
+    up = (torch.randn(2048, 1536, device="cuda") / 1536**0.5).to(torch.bfloat16)
+    down = (torch.randn(1536, 2048, device="cuda") / 2048**0.5).to(torch.bfloat16)
+    up_projection = PreparedProjection(up, {batch: tactic}).prepare()
+    down_projection = PreparedProjection(down, {batch: tactic}).prepare()
+    start = torch.randn(batch, 1536, device="cuda", dtype=torch.bfloat16)
+
+    def chain(x, hidden, one_at_a_time=False):
+        for _ in range(6):
+            for projection, source, target in ((up_projection, x, hidden), (down_projection, hidden, x)):
+                projection.run(source, target)
+                if one_at_a_time:
+                    torch.cuda.synchronize()
+        return x
+
+    hidden = torch.empty(batch, 2048, device="cuda", dtype=torch.bfloat16)
+    assert_close_to_reference(up_projection.run(start, hidden), start, up, label=f"{tactic} first link")
+    expected = chain(start.clone(), hidden, one_at_a_time=True).clone()
+    assert torch.isfinite(expected).all() and expected.abs().max() > 0.1
+    x, hidden = start.clone(), torch.full_like(hidden, float("nan"))
+    assert torch.equal(chain(x, hidden), expected)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain(x, hidden)
+    x.copy_(start)
+    hidden.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(x, expected)
+
+
 def test_runs_on_current_stream_without_sync():
     weight = torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(4, 2048, device="cuda", dtype=torch.bfloat16)

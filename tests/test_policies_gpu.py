@@ -88,8 +88,9 @@ def test_tuner_writes_loadable_tables(tmp_path):
 
 def test_benchmark_times_every_provider():
     cells = run_benchmark([(2304, 1536)], [1, 16], ["heuristic"], weight_dtype=torch.bfloat16,
-                          output_dtype=torch.bfloat16)
-    assert len(cells) == 2
+                          output_dtype=torch.bfloat16, programmatic_launches=(True, False))
+    assert sorted((c.policy, c.batch) for c in cells) == [
+        ("heuristic", 1), ("heuristic", 16), ("heuristic/plain", 1), ("heuristic/plain", 16)]
     for cell in cells:
         assert 0 < cell.ceiling_us and 0 < cell.us and 0 < cell.cublas_us
         # Nothing reads a weight faster than the read-only kernel by more than timing noise.
