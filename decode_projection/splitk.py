@@ -88,11 +88,11 @@ class SplitKGemm:
         # (1.2-1.5 us saved back to back on the H200); after a kernel that never triggers its
         # dependents, as torch's do not, the launch attribute cost 0.14-0.53 us (docs/performance.md, v20).
         self.programmatic_launch = programmatic_launch
-        # An unclustered launch lets the next one in as it starts: the next launch's CTAs then take
-        # each SM as this launch's CTA there exits and stream their first stages under this launch's
-        # tail (0.1-1.0 us back to back on the H200). Clustered launches lost up to 2.9 us that way,
-        # so they let it in once their weights are streamed (docs/performance.md, v21).
-        self.dependents_at_start = self.tactic.split * self.tactic.multicast == 1
+        # Letting the next launch in as this one starts, its CTAs take each SM as this launch's CTA there
+        # exits and stream their first stages under this launch's tail: up to 1.4 us faster back to back
+        # on the H200 with large weights and small activation tiles, but up to 50% slower with staged
+        # epilogues, and up to 0.6 us slower after glue (docs/performance.md, v21): the tuner chooses.
+        self.dependents_at_start = self.tactic.dependents_at_start
         self.producer_warp = 4 * self.tactic.consumer_groups
         self.consumer_threads = 128 * self.tactic.consumer_groups
 

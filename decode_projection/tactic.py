@@ -3,8 +3,8 @@
 A tactic fixes everything the kernel's code depends on except the dtypes:
 weight rows and activation rows per CTA, how many cluster CTAs split K, pipeline
 stages and TMA boxes per stage, how many weight tiles share one activation load,
-how many consumer warpgroups split the activation tile, and which wgmma operand
-the weight is. ``problems()`` is the one validity predicate: the tuner, the
+how many consumer warpgroups split the activation tile, which wgmma operand
+the weight is, and when a launch lets the next one in. ``problems()`` is the one validity predicate: the tuner, the
 tables, the heuristic and the kernel all ask it, so a tactic accepted anywhere
 can be built and launched.
 """
@@ -45,8 +45,9 @@ BARRIER_BYTES = 1024  # mbarriers, rounded up to the 1024-byte tile alignment
 class SplitKTactic:
     """One kernel configuration: weight rows per CTA, activation rows per CTA, split K, stages,
     TMA boxes per stage along K, how many weight tiles share each activation load, how many
-    consumer warpgroups split the activation tile between them, and whether the weight is
-    wgmma's B operand (activations A) instead of A."""
+    consumer warpgroups split the activation tile between them, whether the weight is
+    wgmma's B operand (activations A) instead of A, and whether the launch lets the next
+    (programmatic) launch in as it starts instead of once its weights are streamed."""
 
     weight_rows: int
     activation_rows: int
@@ -56,13 +57,16 @@ class SplitKTactic:
     multicast: int = 1
     column_groups: int = 1
     weight_as_b: bool = False
+    dependents_at_start: bool = False
 
     @property
     def label(self) -> str:
-        """The tactic's numbers in one token, ending in ``B`` where the weight is wgmma's B."""
+        """The tactic's numbers in one token, then ``B`` where the weight is wgmma's B and ``E`` where
+        the next launch is let in early (as this one starts)."""
         numbers = [self.weight_rows, self.activation_rows, self.split, self.stages, self.k_boxes, self.multicast,
                    self.column_groups]
-        return "(" + ",".join(map(str, numbers)) + (",B)" if self.weight_as_b else ")")
+        flags = ["B"] * self.weight_as_b + ["E"] * self.dependents_at_start
+        return "(" + ",".join(map(str, numbers + flags)) + ")"
 
     @property
     def invariance_verified(self) -> bool:
@@ -172,6 +176,7 @@ class SplitKTactic:
             "multicast": (self.multicast, MULTICASTS),
             "column groups": (self.column_groups, COLUMN_GROUPS),
             "weight as b": (self.weight_as_b, (False, True)),
+            "dependents at start": (self.dependents_at_start, (False, True)),
         }
         found = [f"{name} {value} not in {allowed}" for name, (value, allowed) in choices.items() if value not in allowed]
         if self.stages < 2:
@@ -180,6 +185,9 @@ class SplitKTactic:
             return found
         if self.split * self.multicast > PORTABLE_CLUSTER:
             found.append(f"cluster of split {self.split} x multicast {self.multicast} > {PORTABLE_CLUSTER} CTAs")
+        if self.dependents_at_start and self.split * self.multicast > 1:
+            # Measured, not a limit of the hardware: clusters lost up to 2.9 us that way (docs/performance.md, v21).
+            found.append("only unclustered launches (split 1, multicast 1) let the next launch in as they start")
         if self.activation_rows % (8 * self.multicast):
             found.append(f"{self.activation_rows} activation rows do not split into {self.multicast} loads of 8n rows")
         if self.column_groups > 1 and (self.weight_as_b or self.weight_rows != WGMMA_ROWS or self.activation_rows < 128):
@@ -202,7 +210,7 @@ class SplitKTactic:
 
 def as_tactic(tactic) -> SplitKTactic:
     """A SplitKTactic from a tactic or a (weight rows, activation rows, split, stages[, k boxes[, multicast[,
-    column groups[, weight as b]]]]) tuple."""
+    column groups[, weight as b[, dependents at start]]]]]) tuple."""
     tactic = tactic if isinstance(tactic, SplitKTactic) else SplitKTactic(*tactic)
     problems = tactic.problems()
     if problems:

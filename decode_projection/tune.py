@@ -48,7 +48,7 @@ from tqdm import tqdm
 
 from .checks import Reference
 from .clocks import ClockLog
-from .policies import COMPUTE_BOUND_ROWS, activation_rows_for, candidate_tactics, gpu_spec
+from .policies import COMPUTE_BOUND_ROWS, activation_rows_for, candidate_tactics, early_dependents_tactics, gpu_spec
 from .projection import PreparedProjection
 from .runtime import architecture
 from .tactic import SplitKTactic
@@ -241,7 +241,9 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
     def first_candidates(n, k, b):
         fresh = candidate_tactics(n, k, b, gpu, limit=limit)
         kept = incumbent_tactics(incumbents, n, k, b, gpu, **kinds) if incumbents else []
-        return fresh + [t for t in kept if t not in fresh]
+        found = fresh + [t for t in kept if t not in fresh]
+        # The incumbents first: the tactics that already won are the likeliest to win letting the next launch in.
+        return found + [t for t in early_dependents_tactics(kept + fresh) if t not in found]
 
     run_pass({(n, k, b): first_candidates(n, k, b) for n, k in shapes for b in batches}, "tune")
     if invariant_limit is not None:

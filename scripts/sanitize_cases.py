@@ -37,6 +37,8 @@ CASES = [
     # The staged epilogue: 16-byte stores, and element stores where N and the pitch are odd (padded tile).
     (SplitKTactic(64, 64, 1, 4), 328, 1000, 60),
     (SplitKTactic(56, 48, 1, 4, 2), 301, 1000, 45),
+    # Letting the next launch in as it starts.
+    (SplitKTactic(56, 16, 1, 5, 4, dependents_at_start=True), 300, 1000, 12),
 ]
 
 for tactic, n, k, batch in CASES:

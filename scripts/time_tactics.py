@@ -1,7 +1,8 @@
 """Time chosen tactics of one cell next to torch.matmul: a probe for hypotheses the tuner's candidates miss.
 
 Each cell is ``NxK:M:tactic/tactic/...``, a tactic its numbers separated by
-commas (as in the tables; a trailing ``B`` puts the weight on wgmma's B side).
+commas (as in the tables; a trailing ``B`` puts the weight on wgmma's B side, a
+trailing ``E`` lets the next launch in as the tactic's starts).
 Every tactic is checked against float64 on fresh random inputs with a
 NaN-poisoned output, then all of them and torch.matmul are timed interleaved
 (``timing.interleaved_time_us``), back to back and after a glue kernel. Like the
@@ -12,6 +13,7 @@ cold in L2; ``--one-output`` also times every launch writing one output buffer
 dependent launch. Needs a Hopper GPU.
 
     python scripts/time_tactics.py 6288x7168:64:128,64,1,9,1,4/64,64,1,13 7168x1536:48:64,64,1,7
+    python scripts/time_tactics.py 7168x4224:1:56,8,1,6,4/56,8,1,6,4,E
     python scripts/time_tactics.py --one-output --no-programmatic-launch 1536x128:64:64,64,1,4
 """
 
@@ -35,13 +37,13 @@ def parse_cell(text):
 
 
 def parse_tactic(text):
-    """A tactic from its comma-separated numbers, ``B`` last for the weight as wgmma's B."""
-    parts = text.split(",")
-    weight_as_b = parts[-1].upper() == "B"
-    numbers = [int(p) for p in (parts[:-1] if weight_as_b else parts)]
-    if weight_as_b:
-        numbers += [1] * (7 - len(numbers))
-    return as_tactic(tuple(numbers) + ((True,) if weight_as_b else ()))
+    """A tactic from its comma-separated numbers, then ``B`` for the weight as wgmma's B and ``E`` for
+    letting the next launch in as it starts."""
+    parts = text.upper().split(",")
+    flags = {flag: flag in parts for flag in ("B", "E")}
+    numbers = [int(p) for p in parts if p not in flags]
+    numbers += [1] * (7 - len(numbers))  # k boxes, multicast, column groups default to 1
+    return as_tactic((*numbers, flags["B"], flags["E"]))
 
 
 def time_cell(n, k, batch, tactics, one_output=False, without_programmatic_launch=False):

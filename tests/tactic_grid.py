@@ -68,8 +68,16 @@ GRID += [
 ]
 
 
+# Launches that let the next one in as they start: a whole and a padded tile, wide stages, a staged epilogue.
+GRID += [
+    SplitKTactic(64, 8, 1, 6, 4, dependents_at_start=True), SplitKTactic(56, 16, 1, 5, 4, dependents_at_start=True),
+    SplitKTactic(160, 8, 1, 4, 2, dependents_at_start=True), SplitKTactic(64, 64, 1, 4, dependents_at_start=True),
+]
+
+
 def tactic_id(tactic: SplitKTactic) -> str:
     """A short test id: w<weight rows>-a<activation rows>-s<split>-st<stages>-kb<k boxes>-mc<multicast>-cg<column
-    groups>, and -wb where the weight is wgmma's B."""
+    groups>, then -wb where the weight is wgmma's B and -early where the next launch is let in as it starts."""
     return (f"w{tactic.weight_rows}-a{tactic.activation_rows}-s{tactic.split}-st{tactic.stages}"
-            f"-kb{tactic.k_boxes}-mc{tactic.multicast}-cg{tactic.column_groups}{'-wb' if tactic.weight_as_b else ''}")
+            f"-kb{tactic.k_boxes}-mc{tactic.multicast}-cg{tactic.column_groups}{'-wb' if tactic.weight_as_b else ''}"
+            f"{'-early' if tactic.dependents_at_start else ''}")

@@ -158,7 +158,8 @@ def test_without_programmatic_launch_gives_the_same_bits(tactic):
     assert torch.equal(out, expected)
 
 
-@pytest.mark.parametrize("tactic", [SplitKTactic(64, 16, 1, 4), SplitKTactic(64, 8, 1, 6, 4),
+@pytest.mark.parametrize("tactic", [SplitKTactic(64, 16, 1, 4), SplitKTactic(64, 8, 1, 6, 4, dependents_at_start=True),
+                                    SplitKTactic(56, 16, 1, 5, 4, dependents_at_start=True),
                                     SplitKTactic(128, 16, 3, 4), SplitKTactic(64, 16, 2, 4, 1, 2)], ids=tactic_id)
 def test_chained_launches_read_what_the_previous_one_wrote(tactic):
     """Back to back, each launch reads the previous one's output and overwrites its input: the same

@@ -10,7 +10,7 @@ import torch
 from decode_projection import policies, tables
 from decode_projection.policies import (
     COMPUTE_BOUND_ROWS, H200, activation_rows_for, activation_tile_choices, candidate_tactics, default_policies,
-    default_tactic, filling_tactics, grid_ctas, predicted_time_us, resolve_policies, waves, with_k_boxes,
+    default_tactic, early_dependents_tactics, filling_tactics, grid_ctas, predicted_time_us, resolve_policies, waves, with_k_boxes,
 )
 from decode_projection.tactic import SplitKTactic
 from decode_projection.workload import DECODE_BATCHES, KIMI_K3_SHAPES
@@ -270,3 +270,14 @@ def test_waves_count_whole_clusters_per_gpc():
     assert policies.grid_ctas(tactic, 6288, 256) == 132
     assert policies.waves(tactic, 6288, 256, spec) == 2
     assert policies.waves(tactic, 6288, 256, replace(H200, cluster_slots=())) == 1  # SMs / size
+
+
+def test_early_dependents_are_offered_for_small_unclustered_weight_as_a_tiles():
+    tactics = [SplitKTactic(128, 64, 1, 7), SplitKTactic(64, 8, 4, 6), SplitKTactic(96, 16, 1, 4, weight_as_b=False),
+               SplitKTactic(56, 64, 1, 4, weight_as_b=True), SplitKTactic(64, 8, 1, 6, 4), SplitKTactic(56, 32, 1, 5),
+               SplitKTactic(48, 8, 1, 6, 4), SplitKTactic(64, 16, 1, 4, 1, 2)]
+    early = early_dependents_tactics(tactics)
+    assert early == [replace(t, dependents_at_start=True) for t in (tactics[2], tactics[4], tactics[6])]
+    assert all(t.valid for t in early)
+    # A tactic already letting the next launch in early is not offered twice.
+    assert early_dependents_tactics(early) == []

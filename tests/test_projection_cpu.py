@@ -178,19 +178,21 @@ def test_which_epilogues_stage_the_output_tile():
     assert not staged(SplitKTactic(64, 64, 1, 4), cutlass.Float32)
 
 
-def test_unclustered_launches_let_the_next_launch_in_as_they_start():
+def test_where_a_launch_lets_the_next_one_in():
     def triggers(tactic):
         """Offsets of the SASS's launch-dependents instructions, and of its first TMA load."""
         lines = kernel_report(compile_projection(tactic, torch.bfloat16, "sm_90a")).sass.splitlines()
         offsets = [i for i, line in enumerate(lines) if "PREEXIT" in line]
         return offsets, next(i for i, line in enumerate(lines) if "UTMALDG" in line)
 
-    offsets, first_load = triggers(SplitKTactic(64, 8, 1, 6, 4))
+    offsets, first_load = triggers(SplitKTactic(64, 8, 1, 6, 4, dependents_at_start=True))
     assert len(offsets) == 1 and offsets[0] < first_load
-    # Clusters (split K, multicast) let it in once their weights are streamed: producer and consumers.
-    for clustered in (SplitKTactic(128, 8, 3, 13), SplitKTactic(128, 64, 4, 9, 1, 2)):
-        offsets, first_load = triggers(clustered)
+    # Otherwise once the weights are streamed: the producer and the consumers.
+    for streamed in (SplitKTactic(64, 8, 1, 6, 4), SplitKTactic(128, 8, 3, 13), SplitKTactic(128, 64, 4, 9, 1, 2)):
+        offsets, first_load = triggers(streamed)
         assert len(offsets) == 2 and min(offsets) > first_load
+    assert SplitKTactic(128, 8, 3, 13, dependents_at_start=True).problems() == [
+        "only unclustered launches (split 1, multicast 1) let the next launch in as they start"]
 
 
 @pytest.mark.parametrize("tactic", GRID, ids=tactic_id)

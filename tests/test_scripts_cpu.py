@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from decode_projection import SplitKTactic
+
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 
@@ -160,9 +162,11 @@ def test_cold_output_profile_drops_the_glue_and_takes_medians(tmp_path, capsys, 
         profile.summarize(ncu, labels)
 
 
-def test_time_tactics_parses_cells_and_weight_as_b():
+def test_time_tactics_parses_cells_and_flags():
     probe = load_script("time_tactics")
-    n, k, batch, tactics = probe.parse_cell("6288x7168:64:128,64,1,9,1,4/96,64,1,11,B")
+    n, k, batch, tactics = probe.parse_cell("6288x7168:64:128,64,1,9,1,4/96,64,1,11,B/56,8,1,6,4,e/64,8,1,6")
     assert (n, k, batch) == (6288, 7168, 64)
     assert tactics[0].multicast == 4 and not tactics[0].weight_as_b
     assert tactics[1].weight_as_b and (tactics[1].weight_rows, tactics[1].stages) == (96, 11)
+    assert tactics[2] == SplitKTactic(56, 8, 1, 6, 4, dependents_at_start=True)
+    assert tactics[3] == SplitKTactic(64, 8, 1, 6) and tactics[2].label == "(56,8,1,6,4,1,1,E)"

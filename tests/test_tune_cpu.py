@@ -121,7 +121,9 @@ def test_the_current_tables_tactics_are_timed_too(fake_gpu, monkeypatch, tmp_pat
     tuning.tune([(1536, 128)], [1, 2], limit=1, timings_path=tmp_path / "timings.json", incumbents=tables)
     rows = json.loads((tmp_path / "timings.json").read_text())
     timed = {row["batch"]: {SplitKTactic(*t[0]) for t in row["timed"]} for row in rows}
-    assert timed[1] == {SplitKTactic(64, 8, 8, 3), incumbent, invariant_incumbent}
+    # The unclustered incumbent is also timed letting the next launch in as it starts.
+    early = SplitKTactic(128, 8, 1, 6, dependents_at_start=True)
+    assert timed[1] == {SplitKTactic(64, 8, 8, 3), incumbent, invariant_incumbent, early}
     assert timed[2] == {SplitKTactic(64, 8, 8, 3)}  # no table entry for batch 2
     # The free table's tactic for the next larger batch covers this one too: it is timed here.
     larger = SplitKTactic(64, 16, 4, 4)
@@ -129,7 +131,7 @@ def test_the_current_tables_tactics_are_timed_too(fake_gpu, monkeypatch, tmp_pat
     tuning.tune([(1536, 128)], [1, 2], limit=1, timings_path=tmp_path / "timings.json", incumbents=tables)
     rows = json.loads((tmp_path / "timings.json").read_text())
     timed = {row["batch"]: {SplitKTactic(*t[0]) for t in row["timed"]} for row in rows}
-    assert timed[1] == {SplitKTactic(64, 8, 8, 3), incumbent, invariant_incumbent, larger}
+    assert timed[1] == {SplitKTactic(64, 8, 8, 3), incumbent, invariant_incumbent, early, larger}
     assert timed[2] == {SplitKTactic(64, 8, 8, 3), larger}
 
 
