@@ -9,6 +9,7 @@ of ceiling" is what this GPU actually reaches, not a datasheet figure.
 """
 
 import csv
+import gzip
 import json
 import math
 from dataclasses import asdict, dataclass, replace
@@ -214,10 +215,15 @@ def rows(cells):
     ]
 
 
+def read_document(path):
+    """The JSON document of a run saved with ``write_json`` (gzipped where the path ends in ``.gz``)."""
+    with (gzip.open if str(path).endswith(".gz") else open)(path, "rt") as handle:
+        return json.load(handle)
+
+
 def load_json(path):
     """``(cells, meta)`` of a run saved with ``write_json``, to re-render its tables and plot."""
-    with open(path) as handle:
-        document = json.load(handle)
+    document = read_document(path)
     fields = set(Cell.__dataclass_fields__)
     cells = [Cell(**{key: value for key, value in row.items() if key in fields}) for row in document["cells"]]
     return [replace(c, tactic=tuple(c.tactic)) for c in cells], document["meta"]
@@ -233,8 +239,8 @@ def write_csv(path, cells):
 
 
 def write_json(path, cells, meta):
-    """All cells and the run's metadata as JSON."""
-    with open(path, "w") as handle:
+    """All cells and the run's metadata as JSON (gzipped where the path ends in ``.gz``)."""
+    with (gzip.open if str(path).endswith(".gz") else open)(path, "wt") as handle:
         json.dump({"meta": meta, "cells": rows(cells)}, handle, indent=1)
 
 

@@ -17,6 +17,7 @@ import argparse
 import json
 from collections import defaultdict
 
+from decode_projection.bench import read_document
 from decode_projection.tactic import SplitKTactic
 from decode_projection.tables import load_table
 
@@ -27,12 +28,11 @@ def bench_scores(back_to_back, isolated, policy, table):
     tactics = {(e["n"], e["k"], e["batch"]): SplitKTactic(*e["tactic"]) for e in table["entries"]}
     times = defaultdict(list)
     for path in (back_to_back, isolated):
-        with open(path) as f:
-            for cell in json.load(f)["cells"]:
-                key = cell["n"], cell["k"], cell["batch"]
-                ran = SplitKTactic(*cell["tactic"])
-                if cell["policy"] == policy and cell["source"] == "table" and tactics.get(key) == ran:
-                    times[key].append(cell["us"])
+        for cell in read_document(path)["cells"]:
+            key = cell["n"], cell["k"], cell["batch"]
+            ran = SplitKTactic(*cell["tactic"])
+            if cell["policy"] == policy and cell["source"] == "table" and tactics.get(key) == ran:
+                times[key].append(cell["us"])
     return {key: sum(us) / len(us) for key, us in times.items()}
 
 

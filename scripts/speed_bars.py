@@ -18,10 +18,11 @@ printed too.
 """
 
 import argparse
-import json
 import math
 import statistics
 from collections import defaultdict
+
+from decode_projection.bench import read_document
 
 LAST_STREAMING_BATCH = 64  # bars 1-3 hold up to here, bar 4 above
 BYTES_PER_US = 4.4e6
@@ -87,8 +88,7 @@ def main():
     args = parser.parse_args()
     runs = []
     for path in args.bench_json:
-        with open(path) as f:
-            runs.append(json.load(f)["cells"])
+        runs.append(read_document(path)["cells"])
     if len(runs) > 1:
         for path, cells in zip(args.bench_json, runs):
             for policy in sorted({c["policy"] for c in cells}):
