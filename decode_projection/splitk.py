@@ -309,8 +309,8 @@ class SplitKGemm:
             warpgroup.wait_group(0)
             if k_count > 0:
                 tiles.consumer_release(retired)
-            # This CTA has streamed its weights: a clustered launch lets the next one in now.
-            # Wait for the previous launch before writing ``out``.
+            # This CTA has streamed its weights: let the next launch in, unless it was let in at the start,
+            # and wait for the previous launch before writing ``out``.
             if cutlass.const_expr(not self.dependents_at_start):
                 cute.arch.griddepcontrol_launch_dependents()
             cute.arch.griddepcontrol_wait()
