@@ -27,6 +27,10 @@ the free candidates, and each table keeps its own best; so a row is summed in
 the same order whatever the batch, and the free table may also pick an
 invariant candidate.
 
+Unclustered candidates of up to 16 activation rows, in both passes, are also
+timed letting the next launch in as they start (``early_dependents_tactics``):
+which way wins could not be predicted (docs/performance.md, v21).
+
 The tactics the current tables hold for a cell (``incumbents``) are timed
 next to the new candidates, with the free table's for the next larger batch:
 candidate lists change with the cost model, and a re-tune of the free table
@@ -248,11 +252,14 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
     run_pass({(n, k, b): first_candidates(n, k, b) for n, k in shapes for b in batches}, "tune")
     if invariant_limit is not None:
         orders.update({(n, k): shared_order({b: timed[n, k, b] for b in batches}) for n, k in shapes})
-        run_pass({
-            (n, k, b): [t for t in candidate_tactics(n, k, b, gpu, limit=invariant_limit, order=orders[n, k])
-                        if t not in {done.tactic for done in timed[n, k, b]}]
-            for n, k in shapes for b in batches
-        }, "tune batch-invariant", done=settled)
+        def pinned_candidates(n, k, b):
+            pinned = candidate_tactics(n, k, b, gpu, limit=invariant_limit, order=orders[n, k])
+            # Letting the next launch in early does not change the sums: the twins keep the order.
+            found = pinned + early_dependents_tactics(pinned)
+            return [t for t in found if t not in {done.tactic for done in timed[n, k, b]}]
+
+        run_pass({(n, k, b): pinned_candidates(n, k, b) for n, k in shapes for b in batches},
+                 "tune batch-invariant", done=settled)
     entries, invariant = write()
     print(f"tuned {len(shapes)} shapes x {len(batches)} batches in {time.perf_counter() - started:.0f} s")
     sampled = [(summary, shape) for shape, passes in clocks.items() for summary in passes if summary.get("samples")]

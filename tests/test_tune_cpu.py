@@ -109,6 +109,20 @@ def test_a_shape_is_written_to_the_invariant_table_only_once_its_pinned_order_is
     assert len(load_table(tmp_path / "invariant.json")) == 2
 
 
+def test_the_invariant_pass_also_times_early_twins_of_its_pinned_candidates(fake_gpu, monkeypatch, tmp_path):
+    # The free candidate has 32 activation rows (no twin); the pinned order's candidate has 8 (a twin).
+    def candidates(n, k, batch, gpu, *, limit, order=None):
+        return [SplitKTactic(64, 8, *order[:1], 6, *order[1:])] if order else [SplitKTactic(64, 32, 1, 4, 2)]
+
+    monkeypatch.setattr(tuning, "candidate_tactics", candidates)
+    _, invariant = tuning.tune([(7168, 1536)], [1], limit=1, invariant_limit=1,
+                               timings_path=tmp_path / "timings.json", invariant_out_path=tmp_path / "invariant.json")
+    (row,) = json.loads((tmp_path / "timings.json").read_text())
+    assert [SplitKTactic(*t[0]) for t in row["timed"]] == [
+        SplitKTactic(64, 32, 1, 4, 2), SplitKTactic(64, 8, 1, 6, 2), SplitKTactic(64, 8, 1, 6, 2, dependents_at_start=True)]
+    assert {SplitKTactic(*e["tactic"]).summation_order for e in invariant} == {(1, 2)}
+
+
 def test_the_current_tables_tactics_are_timed_too(fake_gpu, monkeypatch, tmp_path):
     # The new candidate list misses what the current tables hold; a re-tune must still time it.
     incumbent = SplitKTactic(128, 8, 1, 6)
