@@ -27,9 +27,10 @@ the free candidates, and each table keeps its own best; so a row is summed in
 the same order whatever the batch, and the free table may also pick an
 invariant candidate.
 
-Unclustered candidates of up to 16 activation rows, in both passes, are also
-timed letting the next launch in as they start (``early_dependents_tactics``):
-which way wins could not be predicted (docs/performance.md, v21).
+Unclustered candidates with an SM to themselves and up to 16 activation rows,
+in both passes, are also timed letting the next launch in as they start
+(``early_dependents_tactics``): which way wins could not be predicted
+(docs/performance.md, v21).
 
 The tactics the current tables hold for a cell (``incumbents``) are timed
 next to the new candidates, with the free table's for the next larger batch:
@@ -247,7 +248,7 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
         kept = incumbent_tactics(incumbents, n, k, b, gpu, **kinds) if incumbents else []
         found = fresh + [t for t in kept if t not in fresh]
         # The incumbents first: the tactics that already won are the likeliest to win letting the next launch in.
-        return found + [t for t in early_dependents_tactics(kept + fresh) if t not in found]
+        return found + [t for t in early_dependents_tactics(kept + fresh, gpu) if t not in found]
 
     run_pass({(n, k, b): first_candidates(n, k, b) for n, k in shapes for b in batches}, "tune")
     if invariant_limit is not None:
@@ -255,7 +256,7 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
         def pinned_candidates(n, k, b):
             pinned = candidate_tactics(n, k, b, gpu, limit=invariant_limit, order=orders[n, k])
             # Letting the next launch in early does not change the sums: the twins keep the order.
-            found = pinned + early_dependents_tactics(pinned)
+            found = pinned + early_dependents_tactics(pinned, gpu)
             return [t for t in found if t not in {done.tactic for done in timed[n, k, b]}]
 
         run_pass({(n, k, b): pinned_candidates(n, k, b) for n, k in shapes for b in batches},

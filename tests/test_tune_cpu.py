@@ -112,20 +112,20 @@ def test_a_shape_is_written_to_the_invariant_table_only_once_its_pinned_order_is
 def test_the_invariant_pass_also_times_early_twins_of_its_pinned_candidates(fake_gpu, monkeypatch, tmp_path):
     # The free candidate has 32 activation rows (no twin); the pinned order's candidate has 8 (a twin).
     def candidates(n, k, batch, gpu, *, limit, order=None):
-        return [SplitKTactic(64, 8, *order[:1], 6, *order[1:])] if order else [SplitKTactic(64, 32, 1, 4, 2)]
+        return [SplitKTactic(64, 8, *order[:1], 12, *order[1:])] if order else [SplitKTactic(64, 32, 1, 4, 2)]
 
     monkeypatch.setattr(tuning, "candidate_tactics", candidates)
     _, invariant = tuning.tune([(7168, 1536)], [1], limit=1, invariant_limit=1,
                                timings_path=tmp_path / "timings.json", invariant_out_path=tmp_path / "invariant.json")
     (row,) = json.loads((tmp_path / "timings.json").read_text())
     assert [SplitKTactic(*t[0]) for t in row["timed"]] == [
-        SplitKTactic(64, 32, 1, 4, 2), SplitKTactic(64, 8, 1, 6, 2), SplitKTactic(64, 8, 1, 6, 2, dependents_at_start=True)]
+        SplitKTactic(64, 32, 1, 4, 2), SplitKTactic(64, 8, 1, 12, 2), SplitKTactic(64, 8, 1, 12, 2, dependents_at_start=True)]
     assert {SplitKTactic(*e["tactic"]).summation_order for e in invariant} == {(1, 2)}
 
 
 def test_the_current_tables_tactics_are_timed_too(fake_gpu, monkeypatch, tmp_path):
     # The new candidate list misses what the current tables hold; a re-tune must still time it.
-    incumbent = SplitKTactic(128, 8, 1, 6)
+    incumbent = SplitKTactic(128, 8, 1, 13)
     invariant_incumbent = SplitKTactic(64, 8, 2, 4)
     monkeypatch.setattr(tuning, "candidate_tactics", lambda *args, **kwargs: [SplitKTactic(64, 8, 8, 3)])
     tables = {}
@@ -136,7 +136,7 @@ def test_the_current_tables_tactics_are_timed_too(fake_gpu, monkeypatch, tmp_pat
     rows = json.loads((tmp_path / "timings.json").read_text())
     timed = {row["batch"]: {SplitKTactic(*t[0]) for t in row["timed"]} for row in rows}
     # The unclustered incumbent is also timed letting the next launch in as it starts.
-    early = SplitKTactic(128, 8, 1, 6, dependents_at_start=True)
+    early = SplitKTactic(128, 8, 1, 13, dependents_at_start=True)
     assert timed[1] == {SplitKTactic(64, 8, 8, 3), incumbent, invariant_incumbent, early}
     assert timed[2] == {SplitKTactic(64, 8, 8, 3)}  # no table entry for batch 2
     # The free table's tactic for the next larger batch covers this one too: it is timed here.
