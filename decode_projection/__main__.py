@@ -198,7 +198,8 @@ def main(argv=None):
         unknown = set(args.policies.split(",")) - set(POLICY_KINDS)
         if unknown:
             parser.error(f"unknown policies {sorted(unknown)}")
-        unknown = set(getattr(args, "launch", "programmatic").split(",")) - set(LAUNCHES)
+    if args.command == "bench":
+        unknown = set(args.launch.split(",")) - set(LAUNCHES)
         if unknown:
             parser.error(f"unknown launches {sorted(unknown)}")
     return {"bench": bench, "warm": warm, "tune": tune}[args.command](args)

@@ -88,11 +88,6 @@ class SplitKGemm:
         # (1.2-1.5 us saved back to back on the H200); after a kernel that never triggers its
         # dependents, as torch's do not, the launch attribute cost 0.14-0.53 us (docs/performance.md, v20).
         self.programmatic_launch = programmatic_launch
-        # Letting the next launch in as this one starts, its CTAs take each SM as this launch's CTA there
-        # exits and stream their first stages under this launch's tail: up to 1.4 us faster back to back
-        # on the H200 with large weights and small activation tiles, but up to 50% slower with staged
-        # epilogues, and up to 0.6 us slower after glue (docs/performance.md, v21): the tuner chooses.
-        self.dependents_at_start = self.tactic.dependents_at_start
         self.producer_warp = 4 * self.tactic.consumer_groups
         self.consumer_threads = 128 * self.tactic.consumer_groups
 
@@ -181,7 +176,10 @@ class SplitKGemm:
         if cutlass.const_expr(t.multicast > 1):
             rank, sharer = in_cluster % t.split, in_cluster // t.split
         n_tile = bidx // t.split
-        if cutlass.const_expr(self.dependents_at_start):
+        if cutlass.const_expr(t.dependents_at_start):
+            # The next launch's CTAs may take each SM as this launch's CTA there exits and stream their first
+            # stages under this launch's tail: faster back to back only where one CTA fills an SM, and then not
+            # always (docs/performance.md, v21), so the tuner chooses.
             cute.arch.griddepcontrol_launch_dependents()
 
         # This CTA's contiguous slice of the K tiles; the last ranks may get none.
@@ -263,7 +261,7 @@ class SplitKGemm:
                     self.load_weight(weight_tiles, state, descriptor, tiles, k_begin + i, weight_row)
                     self.load_activations(act_tma, t_act_global, t_act_smem, state, tiles, k_begin + i, sharers_mask)
                     state.advance()
-                if cutlass.const_expr(not self.dependents_at_start):
+                if cutlass.const_expr(not t.dependents_at_start):
                     cute.arch.griddepcontrol_launch_dependents()
                 if cutlass.const_expr(t.multicast > 1):
                     # Sharers' consumers release this CTA's stages remotely: stay until they have.
@@ -311,7 +309,7 @@ class SplitKGemm:
                 tiles.consumer_release(retired)
             # This CTA has streamed its weights: let the next launch in, unless it was let in at the start,
             # and wait for the previous launch before writing ``out``.
-            if cutlass.const_expr(not self.dependents_at_start):
+            if cutlass.const_expr(not t.dependents_at_start):
                 cute.arch.griddepcontrol_launch_dependents()
             cute.arch.griddepcontrol_wait()
 

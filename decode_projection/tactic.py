@@ -4,9 +4,9 @@ A tactic fixes everything the kernel's code depends on except the dtypes:
 weight rows and activation rows per CTA, how many cluster CTAs split K, pipeline
 stages and TMA boxes per stage, how many weight tiles share one activation load,
 how many consumer warpgroups split the activation tile, which wgmma operand
-the weight is, and when a launch lets the next one in. ``problems()`` is the one validity predicate: the tuner, the
-tables, the heuristic and the kernel all ask it, so a tactic accepted anywhere
-can be built and launched.
+the weight is, and when a launch lets the next one in. ``problems()`` is the one
+validity predicate: the tuner, the tables, the heuristic and the kernel all ask
+it, so a tactic accepted anywhere can be built and launched.
 """
 
 import math

@@ -253,6 +253,7 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
     run_pass({(n, k, b): first_candidates(n, k, b) for n, k in shapes for b in batches}, "tune")
     if invariant_limit is not None:
         orders.update({(n, k): shared_order({b: timed[n, k, b] for b in batches}) for n, k in shapes})
+
         def pinned_candidates(n, k, b):
             pinned = candidate_tactics(n, k, b, gpu, limit=invariant_limit, order=orders[n, k])
             # Letting the next launch in early does not change the sums: the twins keep the order.

@@ -86,9 +86,7 @@ def main():
     parser.add_argument("bench_json", nargs="+", help="one or more runs (bench --json)")
     parser.add_argument("--quiet", action="store_true", help="counts only")
     args = parser.parse_args()
-    runs = []
-    for path in args.bench_json:
-        runs.append(read_document(path)["cells"])
+    runs = [read_document(path)["cells"] for path in args.bench_json]
     if len(runs) > 1:
         for path, cells in zip(args.bench_json, runs):
             for policy in sorted({c["policy"] for c in cells}):
