@@ -37,11 +37,11 @@ PADDED_TILE_CANDIDATES = 3  # slots for SM-filling weight-as-A tiles padded to w
 # weight-as-A tactic on the largest weights by 3-4% (6288 x 7168: 48 x 64 tiles, 131 CTAs; 20480 x 7168:
 # 160 x 64, 128 CTAs), where 64 activation rows do 64 FLOP per weight byte (docs/performance.md, v17).
 WEIGHT_AS_B_ROWS = 32
-# Unclustered tactics with an SM to themselves, up to these activation rows, are also timed letting the next
-# launch in as they start (SplitKTactic.dependents_at_start). On the H200 that won 0.86 us back to back (median
-# of 103 pairs) on weights of 40 MB and more; where two or more CTAs fit on an SM it lost 2-24 us there, and
-# with staged epilogues (32 rows and more) up to 50% (docs/performance.md, v21). Timing decides, for this many.
-EARLY_DEPENDENTS_ROWS = 16
+# Unclustered tactics with an SM to themselves and streaming tiles (fewer than COMPUTE_BOUND_ROWS activation rows)
+# are also timed letting the next launch in as they start (SplitKTactic.dependents_at_start). On the H200 that won
+# 0.86 us back to back (median of 103 pairs) on weights of 40 MB and more; where two or more CTAs fit on an SM it
+# lost 2-24 us there (docs/performance.md, v21). Staged epilogues lost up to 50% only while ptxas serialized their
+# wgmmas (v22). Timing decides, for this many.
 EARLY_DEPENDENTS_CANDIDATES = 3
 MOST_CTAS_PER_SM = 6  # enough for a 64-row, split-2 grid of the largest shape to fit in one wave
 RESERVED_SMEM_PER_CTA = 1024  # what the driver keeps per resident CTA on sm_90
@@ -426,9 +426,9 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
 
 def early_dependents_tactics(tactics, gpu: GpuSpec = H200) -> list[SplitKTactic]:
     """The first EARLY_DEPENDENTS_CANDIDATES of ``tactics`` that may let the next launch in as they start
-    (unclustered, one CTA per SM, weight as A, up to EARLY_DEPENDENTS_ROWS activation rows), doing so."""
+    (unclustered, one CTA per SM, weight as A, streaming activation tiles), doing so."""
     eligible = [replace(t, dependents_at_start=True) for t in tactics
-                if t.split * t.multicast == 1 and not t.weight_as_b and t.activation_rows <= EARLY_DEPENDENTS_ROWS
+                if t.split * t.multicast == 1 and not t.weight_as_b and t.activation_rows < COMPUTE_BOUND_ROWS
                 and ctas_per_sm(t, gpu) == 1]
     return list(dict.fromkeys(t for t in eligible if t not in tactics))[:EARLY_DEPENDENTS_CANDIDATES]
 

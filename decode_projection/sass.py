@@ -74,6 +74,7 @@ class KernelReport:
     local_bytes: int  # per-thread local-memory frame (where spills go)
     stack_bytes: int  # per-thread minimum call stack
     hgmma: int  # wgmma instructions
+    warpgroup_arrives: int  # WARPGROUP.ARRIVE: one per batch of wgmmas issued together
     utmaldg: int  # TMA tensor loads
     ldl: int  # local-memory loads (spill reloads)
     stl: int  # local-memory stores (spills)
@@ -83,6 +84,11 @@ class KernelReport:
     def spills(self) -> int:
         """Local-memory instructions; zero for a kernel that fits in registers."""
         return self.ldl + self.stl
+
+    @property
+    def wgmma_serialized(self) -> bool:
+        """Whether ptxas waits for each wgmma before issuing the next (its warning C7514): one arrive per wgmma."""
+        return self.hgmma > 1 and self.warpgroup_arrives == self.hgmma
 
 
 @functools.cache
@@ -304,6 +310,7 @@ def cubin_report(cubin: bytes, kernel: str | None = None) -> KernelReport:
         local_bytes=info.get(_EIATTR_FRAME_SIZE, {}).get(symbol, 0),
         stack_bytes=info.get(_EIATTR_MIN_STACK_SIZE, {}).get(symbol, 0),
         hgmma=counts["HGMMA"],
+        warpgroup_arrives=sass.count("WARPGROUP.ARRIVE"),
         utmaldg=counts["UTMALDG"],
         ldl=counts["LDL"],
         stl=counts["STL"],

@@ -311,6 +311,11 @@ class SplitKGemm:
             # and wait for the previous launch before writing ``out``.
             if cutlass.const_expr(not t.dependents_at_start):
                 cute.arch.griddepcontrol_launch_dependents()
+            else:
+                # Where nothing parts the last wgmma wait from the join before griddepcontrol.wait, ptxas
+                # serializes every wgmma of the main loop (warning C7514: it sees the staged epilogue's
+                # accumulator reads inside the pipeline stage), 50% slower (docs/performance.md, v22).
+                cute.arch.fence_acq_rel_cta()
             cute.arch.griddepcontrol_wait()
 
             # Each accumulator's (A row, B row) in this CTA's tile.

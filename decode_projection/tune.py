@@ -27,8 +27,8 @@ the free candidates, and each table keeps its own best; so a row is summed in
 the same order whatever the batch, and the free table may also pick an
 invariant candidate.
 
-Unclustered candidates with an SM to themselves and up to 16 activation rows,
-in both passes, are also timed letting the next launch in as they start
+Unclustered candidates with an SM to themselves and streaming activation
+tiles, in both passes, are also timed letting the next launch in as they start
 (``early_dependents_tactics``): which way wins could not be predicted
 (docs/performance.md, v21).
 

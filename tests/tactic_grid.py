@@ -68,10 +68,13 @@ GRID += [
 ]
 
 
-# Launches that let the next one in as they start: a whole and a padded tile, wide stages, a staged epilogue.
+# Launches that let the next one in as they start: a whole and a padded tile, wide stages, staged epilogues
+# (whole, padded, and split between two consumer warpgroups).
 GRID += [
     SplitKTactic(64, 8, 1, 6, 4, dependents_at_start=True), SplitKTactic(56, 16, 1, 5, 4, dependents_at_start=True),
     SplitKTactic(160, 8, 1, 4, 2, dependents_at_start=True), SplitKTactic(64, 64, 1, 4, dependents_at_start=True),
+    SplitKTactic(48, 64, 1, 7, 2, dependents_at_start=True),
+    SplitKTactic(64, 128, 1, 3, 2, 1, 2, dependents_at_start=True),
 ]
 
 

@@ -272,13 +272,14 @@ def test_waves_count_whole_clusters_per_gpc():
     assert policies.waves(tactic, 6288, 256, replace(H200, cluster_slots=())) == 1  # SMs / size
 
 
-def test_early_dependents_are_offered_for_small_unclustered_weight_as_a_tiles_alone_on_an_sm():
-    tactics = [SplitKTactic(128, 64, 1, 7), SplitKTactic(64, 8, 4, 6), SplitKTactic(96, 16, 1, 12),
+def test_early_dependents_are_offered_for_streaming_unclustered_weight_as_a_tiles_alone_on_an_sm():
+    tactics = [SplitKTactic(128, 128, 1, 4), SplitKTactic(64, 8, 4, 6), SplitKTactic(128, 64, 1, 7),
                SplitKTactic(56, 64, 1, 4, weight_as_b=True), SplitKTactic(64, 8, 1, 6, 4), SplitKTactic(56, 32, 1, 5),
-               SplitKTactic(128, 8, 1, 6), SplitKTactic(48, 8, 1, 6, 4), SplitKTactic(64, 16, 1, 4, 1, 2)]
+               SplitKTactic(128, 8, 1, 6), SplitKTactic(48, 8, 1, 6, 4), SplitKTactic(96, 16, 1, 12)]
+    assert policies.ctas_per_sm(tactics[0]) == 1 and tactics[0].activation_rows >= policies.COMPUTE_BOUND_ROWS
     assert policies.ctas_per_sm(tactics[6]) == 2
     early = early_dependents_tactics(tactics)
+    # The first three eligible, in order: the staged 64-row tile too; the last one is past the cap.
     assert early == [replace(t, dependents_at_start=True) for t in (tactics[2], tactics[4], tactics[7])]
     assert all(t.valid and policies.ctas_per_sm(t) == 1 for t in early)
-    # A tactic already letting the next launch in early is not offered twice.
     assert early_dependents_tactics(early) == []

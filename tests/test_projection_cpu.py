@@ -202,4 +202,5 @@ def test_every_tactic_compiles_to_wgmma_and_tma_without_spills(tactic):
     assert report.hgmma > 0, "no wgmma in the SASS"
     assert report.utmaldg > 0, "no TMA loads in the SASS"
     assert report.spills == 0 and report.local_bytes == 0, f"{report.spills} spill instructions"
+    assert not report.wgmma_serialized, "ptxas serialized the wgmmas (C7514)"
     assert report.registers <= 255
