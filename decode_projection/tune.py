@@ -235,7 +235,8 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
                 timer = ShapeTimer(n, k, **kinds)
                 # Sampled per shape: a long tune heats the GPU, and a clock drop shows up here.
                 with ClockLog(torch.cuda.current_device()) as log:
-                    for b in batches:
+                    # The invariant pass may find every pinned candidate of a cell timed already.
+                    for b in (b for b in batches if candidates[n, k, b]):
                         timed.setdefault((n, k, b), []).extend(timer.time(b, candidates[n, k, b], progress))
                 clocks.setdefault((n, k), []).append(log.summary())
                 del timer

@@ -18,6 +18,7 @@ class FakeTimer:
         self.n, self.k = n, k
 
     def time(self, batch, tactics, progress):
+        assert tactics, "the GPU timer interleaves at least one tactic"
         found = []
         for t in tactics:
             chained = predicted_time_us(self.n, self.k, batch, t)
@@ -121,6 +122,16 @@ def test_the_invariant_pass_also_times_early_twins_of_its_pinned_candidates(fake
     assert [SplitKTactic(*t[0]) for t in row["timed"]] == [
         SplitKTactic(64, 32, 1, 4, 2), SplitKTactic(64, 8, 1, 12, 2), SplitKTactic(64, 8, 1, 12, 2, dependents_at_start=True)]
     assert {SplitKTactic(*e["tactic"]).summation_order for e in invariant} == {(1, 2)}
+
+
+def test_a_cell_whose_pinned_candidates_were_all_timed_is_not_timed_again(fake_gpu, monkeypatch, tmp_path):
+    # The free pass already timed the pinned order's only candidate (and its early twin).
+    monkeypatch.setattr(tuning, "candidate_tactics", lambda *args, **kwargs: [SplitKTactic(64, 8, 1, 12, 2)])
+    _, invariant = tuning.tune([(7168, 1536)], [1, 8], limit=1, invariant_limit=1,
+                               timings_path=tmp_path / "timings.json", invariant_out_path=tmp_path / "invariant.json")
+    rows = json.loads((tmp_path / "timings.json").read_text())
+    assert all(len(row["timed"]) == 2 for row in rows)
+    assert len(invariant) == 2
 
 
 def test_the_current_tables_tactics_are_timed_too(fake_gpu, monkeypatch, tmp_path):
