@@ -37,8 +37,9 @@ CASES = [
     # The staged epilogue: 16-byte stores, and element stores where N and the pitch are odd (padded tile).
     (SplitKTactic(64, 64, 1, 4), 328, 1000, 60),
     (SplitKTactic(56, 48, 1, 4, 2), 301, 1000, 45),
-    # Letting the next launch in as it starts.
+    # Letting the next launch in as it starts, with the plain and the staged epilogue.
     (SplitKTactic(56, 16, 1, 5, 4, dependents_at_start=True), 300, 1000, 12),
+    (SplitKTactic(48, 64, 1, 7, 2, dependents_at_start=True), 301, 1000, 50),
 ]
 
 for tactic, n, k, batch in CASES:
