@@ -1,4 +1,4 @@
-"""The measurement scripts: speed-bar accounting and merging two tuned tables by benchmark."""
+"""The measurement scripts: speed-bar accounting, merging two tuned tables by benchmark, replacing shapes."""
 
 import importlib.util
 import json
@@ -112,6 +112,21 @@ def test_merge_keeps_one_summation_order_per_shape_when_batch_invariant():
     scores = [{(1536, 7168, 1): 5.0, (1536, 7168, 2): 5.0}, {(1536, 7168, 1): 4.0, (1536, 7168, 2): 9.0}]
     merged, counts = merge.merge(tables, scores, batch_invariant=True)
     assert {tuple(e["tactic"]) for e in merged} == {(128, 8, 4, 13, 1)} and counts == [2, 0]
+
+
+def test_replace_shapes_swaps_whole_shapes_and_keeps_the_rest(tmp_path, monkeypatch, capsys):
+    replace = load_script("replace_shapes")
+    table, tuned = tmp_path / "table.json", tmp_path / "tuned.json"
+    old = [entry(n, b, [64, 8, 2, 4, 1], invariant=True) for n in (1536, 2112) for b in (1, 8)]
+    table.write_text(json.dumps({"format": 1, "cutlass_dsl": "4.8.1", "measured": "2026-12-01", "entries": old}))
+    new = [entry(2112, 1, [64, 8, 4, 4, 1], invariant=True)]  # one batch: the shape's other cells go too
+    tuned.write_text(json.dumps({"format": 1, "cutlass_dsl": "4.8.1", "measured": "2026-12-03", "entries": new}))
+    monkeypatch.setattr("sys.argv", ["replace_shapes", str(table), str(tuned)])
+    replace.main()
+    document = json.loads(table.read_text())
+    assert {(e["n"], e["batch"]): e["tactic"][2] for e in document["entries"]} == {(1536, 1): 2, (1536, 8): 2, (2112, 1): 4}
+    assert document["measured"] == "2026-12-03"
+    assert "1 shapes replaced (1 cells), 2 cells kept" in capsys.readouterr().out
 
 
 def test_profile_summary_pairs_launches_with_labels(tmp_path, capsys):
