@@ -39,9 +39,9 @@ PADDED_TILE_CANDIDATES = 3  # slots for SM-filling weight-as-A tiles padded to w
 WEIGHT_AS_B_ROWS = 32
 # Unclustered tactics with an SM to themselves and streaming tiles (fewer than COMPUTE_BOUND_ROWS activation rows)
 # are also timed letting the next launch in as they start (SplitKTactic.dependents_at_start). On the H200 that won
-# 0.86 us back to back (median of 103 pairs) on weights of 40 MB and more; where two or more CTAs fit on an SM it
-# lost 2-24 us there (docs/performance.md, v21). Staged epilogues lost up to 50% only while ptxas serialized their
-# wgmmas (v22). Timing decides, for this many.
+# 0.95 us back to back with 8-16 activation rows and 0.75 us with staged tiles (medians of 211 and 124 pairs) on
+# weights of 40 MB and more, and lost up to 7 us on some (docs/performance.md, v22); where two or more CTAs fit on
+# an SM it lost 2-24 us there (v21). Timing decides, for this many.
 EARLY_DEPENDENTS_CANDIDATES = 3
 MOST_CTAS_PER_SM = 6  # enough for a 64-row, split-2 grid of the largest shape to fit in one wave
 RESERVED_SMEM_PER_CTA = 1024  # what the driver keeps per resident CTA on sm_90

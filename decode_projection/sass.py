@@ -88,7 +88,7 @@ class KernelReport:
     @property
     def wgmma_serialized(self) -> bool:
         """Whether ptxas waits for each wgmma before issuing the next (its warning C7514): one arrive per wgmma."""
-        return self.hgmma > 1 and self.warpgroup_arrives == self.hgmma
+        return self.hgmma > 1 and self.warpgroup_arrives >= self.hgmma
 
 
 @functools.cache

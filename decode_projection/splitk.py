@@ -312,9 +312,11 @@ class SplitKGemm:
             if cutlass.const_expr(not t.dependents_at_start):
                 cute.arch.griddepcontrol_launch_dependents()
             else:
-                # Where nothing parts the last wgmma wait from the join before griddepcontrol.wait, ptxas
-                # serializes every wgmma of the main loop (warning C7514: it sees the staged epilogue's
-                # accumulator reads inside the pipeline stage), 50% slower (docs/performance.md, v22).
+                # The late trigger used to stand between the last wgmma wait (and the ``k_count > 0`` release)
+                # and griddepcontrol.wait. With nothing there, ptxas serializes every wgmma of the main loop
+                # where the epilogue is staged (warning C7514: it counts the staging's accumulator reads as inside
+                # the pipeline stage), up to 50% slower; a fence keeps the stage closed. One per thread, harmless
+                # for the other early tactics (docs/performance.md, v22).
                 cute.arch.fence_acq_rel_cta()
             cute.arch.griddepcontrol_wait()
 

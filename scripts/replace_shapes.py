@@ -10,12 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
-from decode_projection.tables import read_entries, write_table
-
-
-def shape_of(entry: dict) -> tuple:
-    """What one tuning of a weight covers: its shape and dtypes."""
-    return entry["n"], entry["k"], entry["weight_dtype"], entry["output_dtype"]
+from decode_projection.tables import key_of, load_table, read_entries, write_table
 
 
 def main():
@@ -23,12 +18,15 @@ def main():
     parser.add_argument("table", help="the table to update in place")
     parser.add_argument("tuned", help="a table whose shapes replace the table's")
     args = parser.parse_args()
-    tuned = read_entries(args.tuned)
-    shapes = {shape_of(e) for e in tuned}
-    kept = [e for e in read_entries(args.table) if shape_of(e) not in shapes]
+    entries, tuned = read_entries(args.table), read_entries(args.tuned)
+    if len({e["batch_invariant"] for e in entries + tuned}) > 1:
+        parser.error("one table is batch-invariant and the other is not")
+    replaced = {key_of(e) for e in tuned}
+    kept = [e for e in entries if key_of(e) not in replaced]
     stamp = json.loads(Path(args.tuned).read_text())
     write_table(args.table, kept + tuned, dsl_version=stamp["cutlass_dsl"], measured=stamp["measured"])
-    print(f"{args.table}: {len(shapes)} shapes replaced ({len(tuned)} cells), {len(kept)} cells kept")
+    load_table(args.table)  # every tactic valid, one summation order per batch-invariant shape
+    print(f"{args.table}: {len(replaced)} shapes replaced ({len(tuned)} cells), {len(kept)} cells kept")
 
 
 if __name__ == "__main__":

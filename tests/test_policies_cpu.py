@@ -273,7 +273,7 @@ def test_waves_count_whole_clusters_per_gpc():
 
 
 def test_early_dependents_are_offered_for_streaming_unclustered_weight_as_a_tiles_alone_on_an_sm():
-    tactics = [SplitKTactic(128, 128, 1, 4), SplitKTactic(64, 8, 4, 6), SplitKTactic(128, 64, 1, 7),
+    tactics = [SplitKTactic(128, 96, 1, 7), SplitKTactic(64, 8, 4, 6), SplitKTactic(128, 64, 1, 7),
                SplitKTactic(56, 64, 1, 4, weight_as_b=True), SplitKTactic(64, 8, 1, 6, 4), SplitKTactic(56, 32, 1, 5),
                SplitKTactic(128, 8, 1, 6), SplitKTactic(48, 8, 1, 6, 4), SplitKTactic(96, 16, 1, 12)]
     assert policies.ctas_per_sm(tactics[0]) == 1 and tactics[0].activation_rows >= policies.COMPUTE_BOUND_ROWS

@@ -127,6 +127,12 @@ def test_replace_shapes_swaps_whole_shapes_and_keeps_the_rest(tmp_path, monkeypa
     assert {(e["n"], e["batch"]): e["tactic"][2] for e in document["entries"]} == {(1536, 1): 2, (1536, 8): 2, (2112, 1): 4}
     assert document["measured"] == "2026-12-03"
     assert "1 shapes replaced (1 cells), 2 cells kept" in capsys.readouterr().out
+    # A free table's cells never go into a batch-invariant one.
+    tuned.write_text(json.dumps({"format": 1, "cutlass_dsl": "4.8.1", "measured": "2026-12-03",
+                                 "entries": [entry(2112, 1, [64, 8, 4, 4, 1])]}))
+    with pytest.raises(SystemExit):
+        replace.main()
+    assert json.loads(table.read_text()) == document
 
 
 def test_profile_summary_pairs_launches_with_labels(tmp_path, capsys):
