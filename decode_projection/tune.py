@@ -30,7 +30,7 @@ invariant candidate.
 Unclustered candidates with an SM to themselves and streaming activation
 tiles, in both passes, are also timed letting the next launch in as they start
 (``early_dependents_tactics``): which way wins could not be predicted
-(docs/performance.md, v21).
+(docs/performance.md, v21, v22).
 
 The tactics the current tables hold for a cell (``incumbents``) are timed
 next to the new candidates, with the free table's for the next larger batch:
@@ -259,7 +259,8 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
             pinned = candidate_tactics(n, k, b, gpu, limit=invariant_limit, order=orders[n, k])
             # Letting the next launch in early does not change the sums: the twins keep the order.
             found = pinned + early_dependents_tactics(pinned, gpu)
-            return [t for t in found if t not in {done.tactic for done in timed[n, k, b]}]
+            already = {done.tactic for done in timed[n, k, b]}
+            return [t for t in found if t not in already]
 
         run_pass({(n, k, b): pinned_candidates(n, k, b) for n, k in shapes for b in batches},
                  "tune batch-invariant", done=settled)

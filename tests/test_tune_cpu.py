@@ -111,7 +111,7 @@ def test_a_shape_is_written_to_the_invariant_table_only_once_its_pinned_order_is
 
 
 def test_the_invariant_pass_also_times_early_twins_of_its_pinned_candidates(fake_gpu, monkeypatch, tmp_path):
-    # The free candidate has 32 activation rows (no twin); the pinned order's candidate has 8 (a twin).
+    # The free candidate shares an SM with another CTA (no twin); the pinned order's candidate has one to itself.
     def candidates(n, k, batch, gpu, *, limit, order=None):
         return [SplitKTactic(64, 8, *order[:1], 12, *order[1:])] if order else [SplitKTactic(64, 32, 1, 4, 2)]
 
