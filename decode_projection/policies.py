@@ -277,13 +277,12 @@ def pool_tactics(batch, k, gpu: GpuSpec = H200, *, order=None):
 
 def filling_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, weight_as_b: bool) -> list[SplitKTactic]:
     """Tactics whose weight tiles are sized to fill the SMs: for each activation tile and split,
-    the narrowest tile (an even number of rows with the weight as A, a multiple of 8 as B) whose
-    grid of whole clusters fits in the fewest waves, at the deepest pipeline. The best predicted without split K and with it come first
+    the narrowest tile of a multiple of 8 rows whose grid of whole clusters fits in the fewest
+    waves, at the deepest pipeline. The best predicted without split K and with it come first
     (the model has not been fitted to these tactics), then the rest by prediction.
 
     64-row weight tiles leave SMs idle where N / 64 tiles do not divide the SMs (7168 rows fill
-    112 of 132); a tile of any multiple of 8 rows can fill them (128 tiles of 56), one of any even
-    number of rows fills them where multiples of 8 cannot (3584 rows: 128 tiles of 28). With the
+    112 of 132); a tile of any multiple of 8 rows can fill them (128 tiles of 56). With the
     weight as B the activations are wgmma's A, one or two 64-row tiles; with the weight as A
     its tile is padded to whole warpgroups in shared memory (``SplitKTactic.weight_smem_rows``).
     """
@@ -291,10 +290,9 @@ def filling_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, weight_a
     if weight_as_b:
         # At streaming batches one 64-row tile covers the batch; a wider one would only add zero rows.
         compute_bound = activation_rows_for(batch) >= COMPUTE_BOUND_ROWS
-        tiles = ACTIVATION_ROWS_AS_A if compute_bound else ACTIVATION_ROWS_AS_A[:1]
-        step, most_rows = WEIGHT_ROWS_AS_B[0], WEIGHT_ROWS_AS_B[-1]
+        tiles, most_rows = (ACTIVATION_ROWS_AS_A if compute_bound else ACTIVATION_ROWS_AS_A[:1]), WEIGHT_ROWS_AS_B[-1]
     else:
-        tiles, step, most_rows = [activation_rows_for(batch)], WEIGHT_ROWS_AS_A[0], WEIGHT_ROWS_AS_A[-1]
+        tiles, most_rows = [activation_rows_for(batch)], WEIGHT_ROWS_AS_A[-1]
     for acts in tiles:
         m_tiles = math.ceil(batch / acts)
         for split in [s for s in SPLITS if s <= largest_split(k)]:
@@ -302,7 +300,7 @@ def filling_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, weight_a
             if tiles_per_wave == 0:
                 continue
             wave = 1
-            while (rows := step * math.ceil(n / (step * wave * tiles_per_wave))) > most_rows:
+            while (rows := 8 * math.ceil(n / (8 * wave * tiles_per_wave))) > most_rows:
                 wave += 1
             stages = max_stages(rows, acts, split, weight_as_b=weight_as_b)
             tactic = SplitKTactic(rows, acts, split, stages, weight_as_b=weight_as_b)

@@ -28,7 +28,7 @@ once. The kernel is shaped around that:
   the SMs (7168 rows: 64 tiles of 112 x 2 activation tiles = 128 CTAs, where
   64-row tiles give 112), the trade cuBLAS makes at these batches. On the
   H200 it won no cell of the shipped tables (docs/performance.md, v14).
-* With the weight as A a weight tile may be any even number of rows: its
+* With the weight as A a weight tile may be any multiple of 8 rows: its
   shared-memory tile is whole 64-row warpgroup tiles, the rows past the TMA box
   are never loaded and their results never stored, so the grid can fill the
   SMs at streaming batches without the weight as B.
@@ -38,9 +38,8 @@ once. The kernel is shaped around that:
   workspace, no memset, and bitwise-identical results run to run.
 * Without split K the epilogue stages 16-bit output tiles of 32 or more
   activation rows in the drained pipeline buffers and stores them 16 bytes per
-  thread (4 or 8 where the weight tile is not a multiple of 8 rows), whole
-  128-byte lines per warp (straight from wgmma's accumulators each warp store
-  touches four output rows, 2 bytes per thread).
+  thread, whole 128-byte lines per warp (straight from wgmma's accumulators each
+  warp store touches four output rows, 2 bytes per thread).
 """
 
 import math
@@ -72,12 +71,6 @@ STAGED_STORE_ROWS = 32
 STAGING_PAD = 8  # elements after each staged activation row: a warp's staging stores then hit distinct banks
 STAGING_BARRIER = 1  # named barrier of the consumer warps (0 is the whole CTA's)
 VECTOR = 8  # 16-bit outputs per 16-byte store
-
-
-def store_vector(weight_rows: int) -> int:
-    """16-bit outputs per staged store: the widest of 8, 4 and 2 that divides the weight tile, so that every
-    CTA's first output row, and so each of its vectors, is aligned to the vector's bytes."""
-    return math.gcd(weight_rows, VECTOR)
 
 
 class SplitKGemm:
@@ -367,7 +360,7 @@ class SplitKGemm:
 
     @cute.jit
     def store_staged(self, acc, coords, storage, out, row0, col0):
-        """Store the tile through shared memory: each thread writes up to 16 contiguous output bytes at a time.
+        """Store the tile through shared memory: each thread writes 16 contiguous output bytes at a time.
 
         Straight from the accumulators a warp's store touches four output rows with
         2 bytes per thread; staged, a warp writes whole 128-byte lines. The tile is
@@ -390,26 +383,24 @@ class SplitKGemm:
         rows, cols = out.shape[0], out.shape[1]
         pitch_out = out.stride[1]
         address = out.iterator.toint()
-        width = store_vector(t.weight_rows)
-        # Vector stores need an aligned base and row pitch (a single row's pitch is never used).
-        vectors = address % (2 * width) == 0 and (pitch_out % width == 0 or cols == 1)
-        chunks_per_row = t.weight_smem_rows // width
+        # 16-byte stores need a 16-byte aligned base and row pitch (a single row's pitch is never used).
+        vectors = address % 16 == 0 and (pitch_out % VECTOR == 0 or cols == 1)
+        chunks_per_row = t.weight_smem_rows // VECTOR
         chunks = t.activation_rows * chunks_per_row
         for i in cutlass.range_constexpr(math.ceil(chunks / self.consumer_threads)):
             chunk = tidx + i * self.consumer_threads
-            m, n = chunk // chunks_per_row, chunk % chunks_per_row * width
-            # Padding rows of the tile hold no output; neither do chunks past the last. The width divides the
-            # tile's rows, so a chunk that starts inside the tile ends inside it.
+            m, n = chunk // chunks_per_row, chunk % chunks_per_row * VECTOR
+            # Padding rows of the tile hold no output; neither do chunks past the last.
             if chunk < chunks and n < t.weight_rows and col0 + m < cols:
-                if vectors and row0 + n + width <= rows:
+                if vectors and row0 + n + VECTOR <= rows:
                     source = cute.make_ptr(out.element_type, base.toint() + (m * pitch + n) * 2,
-                                           cute.AddressSpace.smem, assumed_align=2 * width)
+                                           cute.AddressSpace.smem, assumed_align=16)
                     target = cute.make_ptr(out.element_type, address + ((col0 + m) * pitch_out + row0 + n) * 2,
-                                           cute.AddressSpace.gmem, assumed_align=2 * width)
-                    values = cute.make_tensor(source, cute.make_layout(width)).load()
-                    cute.make_tensor(target, cute.make_layout(width)).store(values)
+                                           cute.AddressSpace.gmem, assumed_align=16)
+                    values = cute.make_tensor(source, cute.make_layout(VECTOR)).load()
+                    cute.make_tensor(target, cute.make_layout(VECTOR)).store(values)
                 else:
-                    for e in cutlass.range_constexpr(width):
+                    for e in cutlass.range_constexpr(VECTOR):
                         if row0 + n + e < rows:
                             out[row0 + n + e, col0 + m, 0] = staging[n + e, m]
 

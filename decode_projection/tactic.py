@@ -16,14 +16,12 @@ BOX_K = 64  # K of one TMA box: 64 16-bit elements = one 128-byte swizzle row
 K_BOXES = (1, 2, 4)  # boxes per stage along K: 128, 256 or 512 contiguous bytes of each weight row
 WGMMA_ROWS = 64  # rows of A (the weight, or the activations) per consumer warpgroup: wgmma M
 WEIGHT_ROWS = (64, 128, 192)  # whole tiles of one to three consumer warpgroups (the heuristic's and pinned orders')
-# With the weight as A a tile may also hold any even number of rows up to three warpgroups: its shared-memory
+# With the weight as A a tile may also hold any multiple of 8 rows up to three warpgroups: its shared-memory
 # tile is rounded up to whole 64-row warpgroup tiles, whose rows past the TMA box are never loaded and whose
 # results are never stored. Such a tile lets the grid fill the SMs (7168 rows: 128 tiles of 56, where 64-row
 # tiles give 112) without the 64-row activation tile, mostly TMA zero fill at small batches, that the weight
-# as B needs (docs/performance.md, v18). Even, not a multiple of 8: 3584 rows fill 128 SMs in tiles of 28
-# where tiles of 32 fill 112, and each SM streams at most about 35 GB/s (docs/performance.md, v23); an even
-# tile keeps every CTA's first output 4-byte aligned for the staged epilogue's vector stores.
-WEIGHT_ROWS_AS_A = tuple(range(2, WEIGHT_ROWS[-1] + 1, 2))
+# as B needs (docs/performance.md, v18).
+WEIGHT_ROWS_AS_A = tuple(range(8, WEIGHT_ROWS[-1] + 1, 8))
 # Consumer warpgroups that share one 64-row weight tile, each owning a slice of the activation
 # tile, so one's barrier waits overlap the other's wgmmas (one warpgroup kept the tensor pipe
 # 64-70% busy at M=256, cuBLAS 83-87%). On the H200 two won where K <= 3584 and on 2112 x 7168,

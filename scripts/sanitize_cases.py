@@ -40,9 +40,6 @@ CASES = [
     # Letting the next launch in as it starts, with the plain and the staged epilogue.
     (SplitKTactic(56, 16, 1, 5, 4, dependents_at_start=True), 300, 1000, 12),
     (SplitKTactic(48, 64, 1, 7, 2, dependents_at_start=True), 301, 1000, 50),
-    # Even tiles that are not a multiple of 8 rows: 8-byte staged stores, and a split one.
-    (SplitKTactic(28, 64, 1, 7, 2, dependents_at_start=True), 301, 1000, 50),
-    (SplitKTactic(18, 16, 3, 6), 200, 1544, 16),
 ]
 
 for tactic, n, k, batch in CASES:

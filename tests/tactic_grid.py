@@ -38,22 +38,13 @@ GRID += [
     SplitKTactic(64, 32, 4, 4, 2, 2), SplitKTactic(128, 256, 1, 2, 1, 4), SplitKTactic(64, 16, 2, 6, 1, 2),
 ]
 
-# Weight tiles of multiples of 8 rows with the weight as A, padded to whole warpgroups in shared memory:
+# Weight tiles of any multiple of 8 rows with the weight as A, padded to whole warpgroups in shared memory:
 # one, two and three warpgroups, the narrowest tile, split K with uneven slices, multicast, wide stages,
 # register reallocation, and a tile so narrow that most of its warpgroup tile is padding.
 GRID += [
     SplitKTactic(56, 8, 1, max_stages(56, 8, 1, 2), 2), SplitKTactic(48, 16, 2, 6), SplitKTactic(160, 8, 1, 6),
     SplitKTactic(112, 64, 3, 4), SplitKTactic(40, 32, 1, 4, 1, 4), SplitKTactic(120, 48, 2, 2, 4),
     SplitKTactic(184, 256, 1, 2), SplitKTactic(8, 8, 5, 8), SplitKTactic(24, 128, 1, 4, 1, 2),
-]
-
-# Weight tiles of an even number of rows that is not a multiple of 8 (each CTA's first output row only 4- or
-# 8-byte aligned): unstaged and staged epilogues, early launches, split K, multicast, three warpgroups, and
-# the narrowest tile.
-GRID += [
-    SplitKTactic(28, 8, 1, 6, 4, dependents_at_start=True), SplitKTactic(12, 16, 2, 6, 2), SplitKTactic(18, 32, 1, 6),
-    SplitKTactic(28, 64, 1, 7, 2, dependents_at_start=True), SplitKTactic(156, 64, 1, 4), SplitKTactic(2, 8, 3, 6),
-    SplitKTactic(30, 48, 1, 4, 1, 2),
 ]
 
 # Two consumer warpgroups splitting the activation tile of a 64-row weight tile: with split K (a reduction
