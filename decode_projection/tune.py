@@ -22,7 +22,9 @@ every batch; batch 1's winner where none is). The mean alone let nine cells
 run 11-16% over the free table back to back (v12).
 Batch 1's winner alone is not enough: on 3072 x 7168 it took 4-box stages,
 which leave no shared memory for large activation tiles, and ran up to 3x
-behind at M >= 96. The tactics with that order are timed at every batch next to
+behind at M >= 96. Before choosing, every order that won a streaming batch is
+timed (ORDER_PROBE_CANDIDATES per cell) at the batches the free candidates
+left it out, so that it can be chosen. The tactics with that order are timed at every batch next to
 the free candidates, and each table keeps its own best; so a row is summed in
 the same order whatever the batch, and the free table may also pick an
 invariant candidate.
@@ -63,6 +65,8 @@ from .warmup import compile_all
 
 # Issue 5's allowance: a batch-invariant cell may run this much over the free table at M <= 64.
 INVARIANT_EXCESS = 1.10
+# Candidates timed per cell for each order that won a streaming batch but was not timed at every batch.
+ORDER_PROBE_CANDIDATES = 2
 TIMING_ROUNDS = 7  # median of this many replays per candidate and context
 
 
@@ -232,6 +236,11 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
         compile_all((t, output_dtype, arch, weight_dtype) for found in candidates.values() for t in found)
         with tqdm(total=sum(map(len, candidates.values())), desc=description, unit="tactic") as progress:
             for n, k in shapes:
+                if not any(candidates[n, k, b] for b in batches):
+                    # Nothing left to time for this shape (its pinned candidates were timed already).
+                    if done is not None:
+                        done.add((n, k))
+                    continue
                 timer = ShapeTimer(n, k, **kinds)
                 # Sampled per shape: a long tune heats the GPU, and a clock drop shows up here.
                 with ClockLog(torch.cuda.current_device()) as log:
@@ -253,6 +262,22 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
 
     run_pass({(n, k, b): first_candidates(n, k, b) for n, k in shapes for b in batches}, "tune")
     if invariant_limit is not None:
+        # An order can only be shared if it was timed at every batch: give each order that won a streaming batch
+        # a chance where the free candidates did not time it (6288 x 7168's 48-row orders won every batch up to
+        # 64, were never timed at 96 and up, and the order chosen instead lost there; docs/performance.md, v23).
+        def order_candidates(n, k, b):
+            winners = {best(timed[n, k, w]).tactic.summation_order for w in batches
+                       if activation_rows_for(w) < COMPUTE_BOUND_ROWS and best(timed[n, k, w]).tactic.invariance_verified}
+            timed_orders = {t.tactic.summation_order for t in timed[n, k, b]}
+            found = []
+            for order in sorted(winners - timed_orders):
+                try:
+                    found += candidate_tactics(n, k, b, gpu, limit=ORDER_PROBE_CANDIDATES, order=order)
+                except ValueError:  # no tactic sums in that order at this batch: the order cannot be shared
+                    pass
+            return found
+
+        run_pass({(n, k, b): order_candidates(n, k, b) for n, k in shapes for b in batches}, "tune orders")
         orders.update({(n, k): shared_order({b: timed[n, k, b] for b in batches}) for n, k in shapes})
 
         def pinned_candidates(n, k, b):
