@@ -24,10 +24,10 @@ Batch 1's winner alone is not enough: on 3072 x 7168 it took 4-box stages,
 which leave no shared memory for large activation tiles, and ran up to 3x
 behind at M >= 96. Before choosing, every order that won a streaming batch is
 timed (ORDER_PROBE_CANDIDATES per cell) at the batches the free candidates
-left it out, so that it can be chosen. The tactics with that order are timed at every batch next to
-the free candidates, and each table keeps its own best; so a row is summed in
-the same order whatever the batch, and the free table may also pick an
-invariant candidate.
+left it out, so that it can be chosen. The tactics with the chosen order are
+timed at every batch next to the free candidates, and each table keeps its
+own best; so a row is summed in the same order whatever the batch, and the
+free table may also pick an invariant candidate.
 
 Unclustered candidates with an SM to themselves and streaming activation
 tiles, in both passes, are also timed letting the next launch in as they start
