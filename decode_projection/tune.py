@@ -265,12 +265,14 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
         # An order can only be shared if it was timed at every batch: give each order that won a streaming batch
         # a chance where the free candidates did not time it (6288 x 7168's 48-row orders won every batch up to
         # 64, were never timed at 96 and up, and the order chosen instead lost there; docs/performance.md, v23).
+        streaming = [b for b in batches if activation_rows_for(b) < COMPUTE_BOUND_ROWS]
+        winning_orders = {(n, k): {t.summation_order for t in (best(timed[n, k, b]).tactic for b in streaming)
+                                   if t.invariance_verified} for n, k in shapes}
+
         def order_candidates(n, k, b):
-            winners = {best(timed[n, k, w]).tactic.summation_order for w in batches
-                       if activation_rows_for(w) < COMPUTE_BOUND_ROWS and best(timed[n, k, w]).tactic.invariance_verified}
             timed_orders = {t.tactic.summation_order for t in timed[n, k, b]}
             found = []
-            for order in sorted(winners - timed_orders):
+            for order in sorted(winning_orders[n, k] - timed_orders):
                 try:
                     found += candidate_tactics(n, k, b, gpu, limit=ORDER_PROBE_CANDIDATES, order=order)
                 except ValueError:  # no tactic sums in that order at this batch: the order cannot be shared
