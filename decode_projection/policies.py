@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from .tactic import (
-    ACTIVATION_ROWS, ACTIVATION_ROWS_AS_A, BARRIER_BYTES, BOX_K, K_BOXES, MULTICASTS, PORTABLE_CLUSTER, SPLITS,
+    ACTIVATION_ROWS, ACTIVATION_ROWS_AS_A, BARRIER_BYTES, BOX_K, FOLDS, K_BOXES, MULTICASTS, PORTABLE_CLUSTER, SPLITS,
     WEIGHT_ROWS, WEIGHT_ROWS_AS_A, WEIGHT_ROWS_AS_B, WGMMA_ROWS, SplitKTactic, as_tactic, max_stages,
 )
 
@@ -33,6 +33,7 @@ SHARED_LOAD_ROWS = 32  # activation tiles from here on cost enough L2 traffic to
 COLUMN_GROUP_CANDIDATES = 2  # slots for the best 64-row tactics with two warpgroups splitting the activations
 WEIGHT_AS_B_CANDIDATES = 4  # slots for the best tactics with the weight as wgmma's B, sized to fill the SMs
 PADDED_TILE_CANDIDATES = 3  # slots for SM-filling weight-as-A tiles padded to whole warpgroups (padded_tile_tactics)
+FOLDED_CANDIDATES = 2  # slots for SM-filling tiles with K folded into one warpgroup tile (folded_tactics)
 # From these activation rows on the weight as B is worth timing: at M=64 its SM-filling tiles beat every
 # weight-as-A tactic on the largest weights by 3-4% (6288 x 7168: 48 x 64 tiles, 131 CTAs; 20480 x 7168:
 # 160 x 64, 128 CTAs), where 64 activation rows do 64 FLOP per weight byte (docs/performance.md, v17).
@@ -179,7 +180,7 @@ def pinned_tactic(n: int, k: int, batch: int, order, gpu: GpuSpec = H200) -> Spl
     """
     if len(order) != 2:
         raise ValueError(f"summation order {order} is not (split, k boxes) with the weight as A: "
-                         "batch invariance is verified with the weight as A only")
+                         "batch invariance is verified with the weight as A only, unfolded")
     split, k_boxes = order
     usual = default_tactic(n, k, 1, gpu, batch_invariant=True).weight_rows
     rows_first = [usual] + [rows for rows in WEIGHT_ROWS if rows != usual]
@@ -234,7 +235,7 @@ def predicted_time_us(n: int, k: int, batch: int, tactic: SplitKTactic, gpu: Gpu
     # Every CTA reads its K slice of the activation tile: per weight tile, all of K.
     act_us = n_tiles * m_tiles * tactic.activation_rows * k * 2 / l2_bytes_per_us
     # The busiest SM runs one CTA's MMAs per wave of one CTA per SM, one wave after another.
-    k_tiles_per_cta = math.ceil(math.ceil(k / tactic.tile_k) / tactic.split)
+    k_tiles_per_cta = math.ceil(math.ceil(k / tactic.tile_k) / (tactic.split * tactic.fold))
     cta_flops = 2 * math.prod(tactic.tile_mnk) * k_tiles_per_cta
     compute_us = waves(tactic, n, batch, gpu) * cta_flops / SM_FLOPS_PER_US
     extra_waves = waves(tactic, n, batch, gpu, per_sm) - 1
@@ -336,6 +337,29 @@ def padded_tile_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, order=N
     return (wide or unsplit) + [t for t in found if t.split > 1][:1]
 
 
+def folded_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> list[SplitKTactic]:
+    """Unsplit tiles narrow enough to fill the SMs in one wave with K folded into one warpgroup tile, at
+    streaming batches, in stages of 4 boxes then of 2 (at the deepest pipeline, where every K segment
+    gets two stages or more); within each, the fold whose slots the tile fills best first.
+
+    A padded tile of 28 rows keeps 28/64 of its shared memory's weight bytes in flight and a split
+    one pays the reduction; folded, 3584 rows on 128 SMs keep 56/64 in flight and sum in the CTA.
+    """
+    acts = activation_rows_for(batch)
+    tiles_per_wave = gpu.sm_count // math.ceil(batch / acts)
+    if acts >= COMPUTE_BOUND_ROWS or tiles_per_wave == 0:
+        return []
+    rows = math.ceil(n / tiles_per_wave)
+    found = []
+    for boxes in reversed(K_BOXES[1:]):
+        for fold in sorted(FOLDS[1:], reverse=True):
+            stages = max_stages(rows, acts, 1, boxes, fold=fold)
+            tactic = SplitKTactic(rows, acts, 1, stages, boxes, fold=fold)
+            if tactic.valid and math.ceil(math.ceil(k / tactic.tile_k) / fold) >= 2:
+                found.append(tactic)
+    return found
+
+
 def with_k_boxes(tactic: SplitKTactic, k_boxes: int) -> SplitKTactic:
     """``tactic`` with ``k_boxes`` boxes per stage and the same boxes in flight (so no more shared memory)."""
     return replace(tactic, k_boxes=k_boxes, stages=tactic.stages * tactic.k_boxes // k_boxes)
@@ -402,15 +426,18 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     chosen = [pick] + family_bests
     chosen += [t for t in ranked if t not in chosen]
     padded, columns, weight_as_b = [], [], []
+    folded = []
     if activation_rows_for(batch) < COMPUTE_BOUND_ROWS:
         padded = padded_tile_tactics(n, k, batch, gpu, order)[:PADDED_TILE_CANDIDATES]
+    if order is None:
+        folded = folded_tactics(n, k, batch, gpu)[:FOLDED_CANDIDATES]
     if activation_rows_for(batch) >= COMPUTE_BOUND_ROWS:
         columns = [replace(t, column_groups=2) for t in chosen if t.weight_rows == WGMMA_ROWS]
         columns = [t for t in columns if t.valid][:COLUMN_GROUP_CANDIDATES]
     if activation_rows_for(batch) >= WEIGHT_AS_B_ROWS and order is None:
         weight_as_b = filling_tactics(n, k, batch, gpu, weight_as_b=True)[:WEIGHT_AS_B_CANDIDATES]
     reserved = SHARED_LOAD_CANDIDATES + (WIDE_STAGE_CANDIDATES if order is None else 0) + len(padded) \
-        + len(columns) + len(weight_as_b)
+        + len(columns) + len(weight_as_b) + len(folded)
     base = chosen[: max(1, limit - reserved)]
     wide = []
     if order is None:
@@ -421,7 +448,7 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
         shared = [replace(base[0], multicast=group) for group in MULTICASTS[1:]]
         shared = [t for t in shared if t.valid and fits_like(t, base[0], n, batch, gpu)]
     rest = [t for t in chosen if t not in base]
-    return (base + wide + shared + padded + columns + weight_as_b + rest)[:limit]
+    return (base + wide + shared + padded + folded + columns + weight_as_b + rest)[:limit]
 
 
 def early_dependents_tactics(tactics, gpu: GpuSpec = H200) -> list[SplitKTactic]:

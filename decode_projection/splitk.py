@@ -117,10 +117,22 @@ class SplitKGemm:
         a_smem = sm90_utils.make_smem_layout_a(k_major, t.tile_mnk, operand, t.stages)
         b_smem = sm90_utils.make_smem_layout_b(k_major, t.tile_mnk, operand, t.stages)
         weight_smem, act_smem = (b_smem, a_smem) if t.weight_as_b else (a_smem, b_smem)
+        # The activation tile of each stage, one slot per folded K segment, as TMA fills it.
+        act_slots = act_smem
+        if cutlass.const_expr(t.fold > 1):
+            # Slots one after another, each its K atoms one after another, so a slot is an unfolded tile.
+            atom = sm90_utils.make_smem_layout_atom(
+                sm90_utils.get_smem_layout_atom(k_major, operand, t.tile_k), operand
+            )
+            act_smem, act_slots = (
+                cute.tile_to_shape(atom, shape, order=(1, 0, 2))
+                for shape in ((t.fold * t.activation_rows, t.tile_k, t.stages),
+                              (t.activation_rows, t.tile_k, t.fold * t.stages))
+            )
         act_tma, act_coords = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SMulticastOp() if t.multicast > 1 else cpasync.CopyBulkTensorTileG2SOp(),
             activations,
-            cute.slice_(act_smem, (None, None, 0)),
+            cute.slice_(act_slots, (None, None, 0)),
             (t.activation_rows, t.tile_k),
             num_multicast=t.multicast,
         )
@@ -143,7 +155,7 @@ class SplitKGemm:
             n_tiles = cute.ceil_div(n_tiles, t.multicast) * t.multicast
         m_tiles = cute.ceil_div(activations.shape[0], t.activation_rows)
         self.kernel(
-            tiled_mma, act_tma, act_coords, weight_smem, act_smem, weight, out, weight_map
+            tiled_mma, act_tma, act_coords, weight_smem, act_smem, act_slots, weight, out, weight_map
         ).launch(
             grid=(n_tiles * t.split, m_tiles, 1),
             block=(t.threads, 1, 1),
@@ -162,6 +174,7 @@ class SplitKGemm:
         act_coords: cute.Tensor,
         weight_smem: cute.ComposedLayout,
         act_smem: cute.ComposedLayout,
+        act_slots: cute.ComposedLayout,
         weight: cute.Tensor,
         out: cute.Tensor,
         weight_map: cutlass.Int64,
@@ -187,6 +200,12 @@ class SplitKGemm:
         per_rank = cute.ceil_div(k_tiles, t.split)
         k_begin = rank * per_rank
         k_count = cutlass.max(cutlass.min(per_rank, k_tiles - k_begin), 0)
+        # Folded (split 1), every stage holds tile i of each K segment: k_begin + i + segment * fold_stride.
+        # The last segments' tiles past K are TMA zero fill, whose products add nothing.
+        fold_stride = 0
+        if cutlass.const_expr(t.fold > 1):
+            fold_stride = cute.ceil_div(k_tiles, t.fold)
+            k_count = fold_stride
 
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
         if cutlass.const_expr(t.split > 1):
@@ -211,6 +230,7 @@ class SplitKGemm:
         )
         s_weight = storage.weight_tiles.get_tensor(weight_smem.outer, swizzle=weight_smem.inner)
         s_act = storage.act_tiles.get_tensor(act_smem.outer, swizzle=act_smem.inner)
+        s_act_slots = storage.act_tiles.get_tensor(act_slots.outer, swizzle=act_slots.inner)
 
         if warp >= self.producer_warp:
             if cutlass.const_expr(t.reallocates_registers):
@@ -220,13 +240,15 @@ class SplitKGemm:
                 if cutlass.const_expr(t.weight_as_b):
                     g_act = cute.local_tile(act_coords, t.tile_mnk, (m_tile, n_tile, None, 0), proj=(1, None, 1))
                 else:
-                    g_act = cute.local_tile(act_coords, t.tile_mnk, (n_tile, m_tile, None, 0), proj=(None, 1, 1))
+                    # One fold slot's activation tile (the whole tile unfolded).
+                    slot_mnk = (t.weight_smem_rows, t.activation_rows, t.tile_k)
+                    g_act = cute.local_tile(act_coords, slot_mnk, (n_tile, m_tile, None, 0), proj=(None, 1, 1))
                 # Each sharer loads 1/multicast of the activation rows into every sharer.
                 t_act_smem, t_act_global = cpasync.tma_partition(
                     act_tma,
                     sharer,
                     cute.make_layout(t.multicast),
-                    cute.group_modes(s_act, 0, 2),
+                    cute.group_modes(s_act_slots, 0, 2),
                     cute.group_modes(g_act, 0, 2),
                 )
                 sharers_mask = None
@@ -249,17 +271,21 @@ class SplitKGemm:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, t.stages)
                 for i in cutlass.range(prefetch, unroll=1):
                     tiles.producer_acquire(state)
-                    self.load_weight(weight_tiles, state, descriptor, tiles, k_begin + i, weight_row)
+                    self.load_weight(weight_tiles, state, descriptor, tiles, k_begin + i, fold_stride, weight_row)
                     state.advance()
                 cute.arch.griddepcontrol_wait()
                 early = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, t.stages)
                 for i in cutlass.range(prefetch, unroll=1):
-                    self.load_activations(act_tma, t_act_global, t_act_smem, early, tiles, k_begin + i, sharers_mask)
+                    self.load_activations(
+                        act_tma, t_act_global, t_act_smem, early, tiles, k_begin + i, fold_stride, sharers_mask
+                    )
                     early.advance()
                 for i in cutlass.range(prefetch, k_count, unroll=1):
                     tiles.producer_acquire(state)
-                    self.load_weight(weight_tiles, state, descriptor, tiles, k_begin + i, weight_row)
-                    self.load_activations(act_tma, t_act_global, t_act_smem, state, tiles, k_begin + i, sharers_mask)
+                    self.load_weight(weight_tiles, state, descriptor, tiles, k_begin + i, fold_stride, weight_row)
+                    self.load_activations(
+                        act_tma, t_act_global, t_act_smem, state, tiles, k_begin + i, fold_stride, sharers_mask
+                    )
                     state.advance()
                 if cutlass.const_expr(not t.dependents_at_start):
                     cute.arch.griddepcontrol_launch_dependents()
@@ -325,7 +351,9 @@ class SplitKGemm:
             row0 = n_tile * t.weight_rows
             col0 = m_tile * t.activation_rows
             rows, cols = out.shape[0], out.shape[1]
-            if cutlass.const_expr(self.stages_output(out.element_type)):
+            if cutlass.const_expr(t.fold > 1):
+                self.store_folded(acc, coords, storage, out, row0, col0)
+            elif cutlass.const_expr(self.stages_output(out.element_type)):
                 self.store_staged(acc, coords, storage, out, row0, col0)
             elif cutlass.const_expr(t.split == 1):
                 for r in cutlass.range_constexpr(cute.size(acc)):
@@ -404,6 +432,38 @@ class SplitKGemm:
                         if row0 + n + e < rows:
                             out[row0 + n + e, col0 + m, 0] = staging[n + e, m]
 
+    @cute.jit
+    def store_folded(self, acc, coords, storage, out, row0, col0):
+        """Sum each output's K-segment partials in segment order through shared memory, and store them.
+
+        Folded, A row ``segment * slot_rows + n`` times B row ``segment * activation_rows + m``
+        is segment ``segment``'s partial of output (n, m); the products across segments are
+        discarded. The partials are staged as (n, m, segment), so the threads that sum them
+        read, and store, consecutive weight rows.
+        """
+        t = self.tactic
+        tidx, _, _ = cute.arch.thread_idx()
+        base = cute.recast_ptr(storage.weight_tiles.data_ptr(), dtype=cutlass.Float32)
+        partials = cute.make_tensor(base, cute.make_layout((t.slot_rows, t.activation_rows, t.fold)))
+        # The consumers' wgmmas must be done reading the drained tiles before any overwrites them.
+        cute.arch.barrier(barrier_id=STAGING_BARRIER, number_of_threads=self.consumer_threads)
+        for r in cutlass.range_constexpr(cute.size(acc)):
+            a_row, b_row = coords[r]
+            segment = b_row // t.activation_rows
+            if a_row // t.slot_rows == segment:
+                partials[a_row % t.slot_rows, b_row % t.activation_rows, segment] = acc[r]
+        cute.arch.barrier(barrier_id=STAGING_BARRIER, number_of_threads=self.consumer_threads)
+        rows, cols = out.shape[0], out.shape[1]
+        outputs = t.weight_rows * t.activation_rows
+        for i in cutlass.range_constexpr(math.ceil(outputs / self.consumer_threads)):
+            index = tidx + i * self.consumer_threads
+            n, m = index % t.weight_rows, index // t.weight_rows
+            if index < outputs and row0 + n < rows and col0 + m < cols:
+                total = partials[n, m, 0]
+                for segment in cutlass.range_constexpr(1, t.fold):
+                    total = total + partials[n, m, segment]
+                out[row0 + n, col0 + m, 0] = total.to(out.element_type)
+
     def sharing_layout(self):
         """Who fills whose pipeline stages, for the pipeline's release signals.
 
@@ -418,35 +478,41 @@ class SplitKGemm:
         return cute.make_layout((1, t.multicast, 1, t.split), stride=(0, t.split, 0, 1))
 
     @cute.jit
-    def load_weight(self, weight_tiles, state, descriptor, tiles, k_tile, weight_row):
+    def load_weight(self, weight_tiles, state, descriptor, tiles, k_tile, fold_stride, weight_row):
         """One weight tile by TMA through the device-resident map, evicted first from L2.
 
         A stage of ``k_boxes`` boxes asks for that many adjacent 128-byte pieces of
         every weight row at once (the shared-memory layout keeps each box's rows x 64
-        block contiguous, one after another along K).
+        block contiguous, one after another along K). Folded, each K segment's rows
+        fill their slot of every box (slots are whole 8-row swizzle atoms).
         """
         t = self.tactic
         if nvvm.elect_sync():
-            for box in cutlass.range_constexpr(t.k_boxes):
-                nvvm.cp_async_bulk_tensor_shared_cta_global(
-                    weight_tiles + state.index * (t.weight_smem_rows * t.tile_k) + box * (t.weight_smem_rows * BOX_K),
-                    descriptor,
-                    [k_tile * t.tile_k + box * BOX_K, weight_row],
-                    tiles.producer_get_barrier(state),
-                    l2_cache_hint=EVICT_FIRST,
-                )
+            for segment in cutlass.range_constexpr(t.fold):
+                for box in cutlass.range_constexpr(t.k_boxes):
+                    nvvm.cp_async_bulk_tensor_shared_cta_global(
+                        weight_tiles + state.index * (t.weight_smem_rows * t.tile_k)
+                        + box * (t.weight_smem_rows * BOX_K) + segment * (t.slot_rows * BOX_K),
+                        descriptor,
+                        [(k_tile + segment * fold_stride) * t.tile_k + box * BOX_K, weight_row],
+                        tiles.producer_get_barrier(state),
+                        l2_cache_hint=EVICT_FIRST,
+                    )
 
     @cute.jit
-    def load_activations(self, act_tma, t_act_global, t_act_smem, state, tiles, k_tile, sharers_mask):
-        """This CTA's share of one activation tile by TMA, to every sharer, kept in L2 for the other CTAs."""
-        cute.copy(
-            act_tma,
-            t_act_global[(None, k_tile)],
-            t_act_smem[(None, state.index)],
-            tma_bar_ptr=tiles.producer_get_barrier(state),
-            mcast_mask=sharers_mask,  # None without multicast
-            cache_policy=cutlass.Int64(EVICT_LAST),
-        )
+    def load_activations(self, act_tma, t_act_global, t_act_smem, state, tiles, k_tile, fold_stride, sharers_mask):
+        """This CTA's share of one activation tile (one per folded K segment) by TMA, to every sharer, kept in
+        L2 for the other CTAs."""
+        t = self.tactic
+        for segment in cutlass.range_constexpr(t.fold):
+            cute.copy(
+                act_tma,
+                t_act_global[(None, k_tile + segment * fold_stride)],
+                t_act_smem[(None, state.index * t.fold + segment)],
+                tma_bar_ptr=tiles.producer_get_barrier(state),
+                mcast_mask=sharers_mask,  # None without multicast
+                cache_policy=cutlass.Int64(EVICT_LAST),
+            )
 
     @cute.jit
     def reduce_across_cluster(self, acc, coords, rank, sharer, storage, out, row0, col0):

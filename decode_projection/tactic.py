@@ -34,6 +34,13 @@ WEIGHT_ROWS_AS_B = tuple(range(8, 257, 8))
 # wgmma N. 48, 96 and 192 fit padded decode batches exactly: a 128- or 256-row tile
 # only partly filled (rows past M are TMA zero-fill) measured up to 1.6x slower.
 ACTIVATION_ROWS = (8, 16, 32, 48, 64, 96, 128, 192, 256)
+# K segments folded into one 64-row warpgroup tile: a weight tile of at most 64 / fold rows takes a slot
+# of 64 / fold rows for each of ``fold`` K segments, and the activation tile one slot per segment, so
+# one wgmma sums all segments at once (the cross-segment products are discarded). Narrow tiles that fill
+# the SMs then keep a whole warpgroup tile of weight bytes in flight, without split K's reduction.
+FOLDS = (1, 2, 4)
+# A folded tile may hold any number of rows up to its slot (tiles that fill the SMs: 3584 rows in 128 tiles of 28).
+WEIGHT_ROWS_FOLDED = tuple(range(1, WGMMA_ROWS // FOLDS[1] + 1))
 SPLITS = tuple(range(1, 9))  # 3, 5, 6 and 7 too: clusters need not be powers of two
 MULTICASTS = (1, 2, 4)  # CTAs of neighbouring weight tiles that share one activation load
 PORTABLE_CLUSTER = 8  # CTAs a cluster (split x multicast) may hold without the non-portable attribute
@@ -58,21 +65,23 @@ class SplitKTactic:
     column_groups: int = 1
     weight_as_b: bool = False
     dependents_at_start: bool = False
+    fold: int = 1
 
     @property
     def label(self) -> str:
         """The tactic's numbers in one token, then ``B`` where the weight is wgmma's B and ``E`` where
-        the next launch is let in early (as this one starts)."""
+        the next launch is let in early (as this one starts), then ``F`` and the fold where K is folded."""
         numbers = [self.weight_rows, self.activation_rows, self.split, self.stages, self.k_boxes, self.multicast,
                    self.column_groups]
-        flags = ["B"] * self.weight_as_b + ["E"] * self.dependents_at_start
+        flags = ["B"] * self.weight_as_b + ["E"] * self.dependents_at_start + [f"F{self.fold}"] * (self.fold > 1)
         return "(" + ",".join(map(str, numbers + flags)) + ")"
 
     @property
     def invariance_verified(self) -> bool:
         """True where the GPU tests verify batch invariance: the weight as wgmma's A (whole warpgroup tiles,
-        and tiles padded to them, which sum every output as the whole tile of their order does)."""
-        return not self.weight_as_b
+        and tiles padded to them, which sum every output as the whole tile of their order does), unfolded
+        (a folded order cannot cover the compute-bound batches, whose activation tiles fill wgmma's N)."""
+        return not self.weight_as_b and self.fold == 1
 
     @property
     def tile_k(self) -> int:
@@ -86,16 +95,23 @@ class SplitKTactic:
         Kept whole even at split 1 (where the stage width should not change the
         order): batch invariance is only claimed for what the GPU tests verify.
         For the same reason the weight as wgmma's B is an order of its own (a
-        third entry): the tests verify invariance with the weight as A.
+        third entry): the tests verify invariance with the weight as A. So is a folded K.
         """
-        return (self.split, self.k_boxes, "weight as B") if self.weight_as_b else (self.split, self.k_boxes)
+        if self.weight_as_b:
+            return (self.split, self.k_boxes, "weight as B")
+        return (self.split, self.k_boxes, f"fold {self.fold}") if self.fold > 1 else (self.split, self.k_boxes)
 
     @property
     def tile_mnk(self) -> tuple[int, int, int]:
         """The CTA tile as wgmma sees it: (A rows, B rows, K)."""
         if self.weight_as_b:
             return (self.activation_rows, self.weight_rows, self.tile_k)
-        return (self.weight_smem_rows, self.activation_rows, self.tile_k)
+        return (self.weight_smem_rows, self.fold * self.activation_rows, self.tile_k)
+
+    @property
+    def slot_rows(self) -> int:
+        """Shared-memory rows of one K segment's slot in a folded weight tile (the whole tile unfolded)."""
+        return self.weight_smem_rows // self.fold
 
     @property
     def weight_smem_rows(self) -> int:
@@ -126,13 +142,18 @@ class SplitKTactic:
 
     @property
     def stage_bytes(self) -> int:
-        """Shared memory of one pipeline stage: a weight tile and an activation tile."""
-        return (self.weight_smem_rows + self.activation_rows) * self.tile_k * 2
+        """Shared memory of one pipeline stage: a weight tile and an activation tile per folded K segment."""
+        return (self.weight_smem_rows + self.fold * self.activation_rows) * self.tile_k * 2
 
     @property
     def stage_load_bytes(self) -> int:
         """Bytes the TMA loads of one stage write (the pipeline barrier's transaction count)."""
-        return (self.weight_rows + self.activation_rows) * self.tile_k * 2
+        return self.fold * (self.weight_rows + self.activation_rows) * self.tile_k * 2
+
+    @property
+    def fold_bytes(self) -> int:
+        """Shared memory the folded epilogue sums its FP32 segment partials in; it reuses the pipeline buffers."""
+        return self.weight_smem_rows * self.activation_rows * 4 if self.fold > 1 else 0
 
     @property
     def partials_per_thread(self) -> int:
@@ -169,7 +190,8 @@ class SplitKTactic:
     def problems(self) -> list[str]:
         """Why this tactic cannot run (empty when it can): the one validity predicate."""
         choices = {
-            "weight rows": (self.weight_rows, WEIGHT_ROWS_AS_B if self.weight_as_b else WEIGHT_ROWS_AS_A),
+            "weight rows": (self.weight_rows, WEIGHT_ROWS_AS_B if self.weight_as_b
+                            else WEIGHT_ROWS_FOLDED if self.fold > 1 else WEIGHT_ROWS_AS_A),
             "activation rows": (self.activation_rows, ACTIVATION_ROWS_AS_A if self.weight_as_b else ACTIVATION_ROWS),
             "split": (self.split, SPLITS),
             "k boxes": (self.k_boxes, K_BOXES),
@@ -177,6 +199,7 @@ class SplitKTactic:
             "column groups": (self.column_groups, COLUMN_GROUPS),
             "weight as b": (self.weight_as_b, (False, True)),
             "dependents at start": (self.dependents_at_start, (False, True)),
+            "fold": (self.fold, FOLDS),
         }
         found = [f"{name} {value} not in {allowed}" for name, (value, allowed) in choices.items() if value not in allowed]
         if self.stages < 2:
@@ -193,6 +216,12 @@ class SplitKTactic:
         if self.column_groups > 1 and (self.weight_as_b or self.weight_rows != WGMMA_ROWS or self.activation_rows < 128):
             found.append("column groups split only 64-row weight tiles of 128 or more activation rows, "
                          "with the weight as A")
+        if self.fold > 1 and (self.weight_as_b or self.split > 1 or self.multicast > 1 or self.column_groups > 1
+                              or self.weight_rows > WGMMA_ROWS // self.fold
+                              or self.fold * self.activation_rows > ACTIVATION_ROWS[-1]):
+            found.append(f"a fold of {self.fold} takes the weight as A in one slot of {WGMMA_ROWS // self.fold} rows, "
+                         f"unsplit, without multicast or column groups, and {self.fold} x the activation rows "
+                         f"<= {ACTIVATION_ROWS[-1]}")
         if self.smem_bytes > SMEM_CAPACITY:
             found.append(f"{self.smem_bytes} B of shared memory > {SMEM_CAPACITY}")
         if self.reduction_bytes > self.stages * self.stage_bytes:
@@ -200,6 +229,8 @@ class SplitKTactic:
                 f"split-K reduction needs {self.reduction_bytes} B, more than the "
                 f"{self.stages * self.stage_bytes} B of pipeline buffers it reuses"
             )
+        if self.fold_bytes > self.stages * self.stage_bytes:
+            found.append(f"folded epilogue needs {self.fold_bytes} B, more than the pipeline buffers it reuses")
         return found
 
     @property
@@ -210,7 +241,7 @@ class SplitKTactic:
 
 def as_tactic(tactic) -> SplitKTactic:
     """A SplitKTactic from a tactic or a (weight rows, activation rows, split, stages[, k boxes[, multicast[,
-    column groups[, weight as b[, dependents at start]]]]]) tuple."""
+    column groups[, weight as b[, dependents at start[, fold]]]]]]) tuple."""
     tactic = tactic if isinstance(tactic, SplitKTactic) else SplitKTactic(*tactic)
     problems = tactic.problems()
     if problems:
@@ -218,7 +249,8 @@ def as_tactic(tactic) -> SplitKTactic:
     return tactic
 
 
-def max_stages(weight_rows: int, activation_rows: int, split: int, k_boxes: int = 1, *, weight_as_b=False) -> int:
+def max_stages(weight_rows: int, activation_rows: int, split: int, k_boxes: int = 1, *, weight_as_b=False,
+               fold=1) -> int:
     """The deepest pipeline that fits in shared memory (``weight_as_b``: the weight tile is not padded)."""
-    probe = SplitKTactic(weight_rows, activation_rows, split, 1, k_boxes, weight_as_b=weight_as_b)
+    probe = SplitKTactic(weight_rows, activation_rows, split, 1, k_boxes, weight_as_b=weight_as_b, fold=fold)
     return (SMEM_CAPACITY - BARRIER_BYTES) // probe.stage_bytes

@@ -77,10 +77,21 @@ GRID += [
     SplitKTactic(64, 128, 1, 3, 2, 1, 2, dependents_at_start=True),
 ]
 
+# K folded into one warpgroup tile (split 1): two and four segments, tiles of any row count up to the slot, wide
+# stages, activation tiles up to 128 rows (wgmma N of 256), an early launch.
+GRID += [
+    SplitKTactic(rows, acts, 1, stages, boxes, 1, 1, False, early, fold)
+    for rows, acts, stages, boxes, early, fold in (
+        (28, 8, 5, 4, True, 2), (32, 16, 6, 2, False, 2), (17, 32, 8, 1, False, 2), (24, 64, 4, 2, False, 2),
+        (16, 8, 4, 4, True, 4), (12, 16, 3, 4, False, 4), (5, 64, 3, 1, False, 4), (32, 128, 2, 1, False, 2),
+    )
+]
+
 
 def tactic_id(tactic: SplitKTactic) -> str:
     """A short test id: w<weight rows>-a<activation rows>-s<split>-st<stages>-kb<k boxes>-mc<multicast>-cg<column
-    groups>, then -wb where the weight is wgmma's B and -early where the next launch is let in as it starts."""
+    groups>, then -wb where the weight is wgmma's B, -early where the next launch is let in as it starts and
+    -f<fold> where K is folded."""
     return (f"w{tactic.weight_rows}-a{tactic.activation_rows}-s{tactic.split}-st{tactic.stages}"
             f"-kb{tactic.k_boxes}-mc{tactic.multicast}-cg{tactic.column_groups}{'-wb' if tactic.weight_as_b else ''}"
-            f"{'-early' if tactic.dependents_at_start else ''}")
+            f"{'-early' if tactic.dependents_at_start else ''}{f'-f{tactic.fold}' if tactic.fold > 1 else ''}")

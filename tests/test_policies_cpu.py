@@ -211,6 +211,29 @@ def test_padded_weight_tiles_fill_the_sms_at_streaming_batches():
     assert [t.weight_rows for t in pinned if t.weight_smem_rows > t.weight_rows] == [56]
 
 
+def test_folded_tiles_fill_the_sms_in_one_warpgroup_tile_at_streaming_batches():
+    # 3584 rows: 128 tiles of 28 in slots of 32 (two K segments); 2112: 132 tiles of 16, four segments first.
+    for (n, rows, folds, ctas) in ((3584, 28, [2, 2], 128), (2112, 16, [4, 2], 132)):
+        for batch in (1, 16, 64):
+            offered = [t for t in candidate_tactics(n, 7168, batch, limit=16) if t.fold > 1]
+            assert [t.fold for t in offered] == folds and {t.weight_rows for t in offered} == {rows}, f"{n} M={batch}"
+            assert all(t.valid and t.split == 1 and grid_ctas(t, n, batch) == ctas for t in offered)
+            assert all(t.stage_load_bytes == t.fold * (rows + t.activation_rows) * t.tile_k * 2 for t in offered)
+    # Never where 64-row tiles already fill the SMs, at compute-bound batches, or under a pinned order.
+    assert not [t for t in candidate_tactics(7168, 3584, 1, limit=16) if t.fold > 1]
+    assert not [t for t in candidate_tactics(3584, 7168, 96, limit=16) if t.fold > 1]
+    assert not [t for t in candidate_tactics(3584, 7168, 1, limit=16, order=(1, 4)) if t.fold > 1]
+
+
+def test_folded_tactics_are_checked():
+    folded = SplitKTactic(28, 8, 1, 5, 4, fold=2)
+    assert folded.valid and folded.tile_mnk == (64, 16, 256) and folded.slot_rows == 32 and folded.label.endswith("F2)")
+    assert folded.summation_order == (1, 4, "fold 2") and not folded.invariance_verified
+    for bad in (replace(folded, weight_rows=33), replace(folded, split=2), replace(folded, multicast=2),
+                replace(folded, weight_as_b=True), replace(folded, fold=3), replace(folded, activation_rows=256, stages=2)):
+        assert not bad.valid, bad
+
+
 def test_a_weight_as_b_order_cannot_be_pinned():
     with pytest.raises(ValueError, match="weight as A only"):
         default_tactic(7168, 7168, 256, order=SplitKTactic(112, 128, 1, 4, weight_as_b=True).summation_order)
@@ -229,6 +252,9 @@ REFUSED_INVARIANT_TABLES = {
     "mixed-k-boxes": ([(1, (64, 8, 2, 6, 4)), (16, (64, 16, 2, 12, 1))], "mixes summation orders"),
     # Invariance is verified with the weight as A only.
     "weight-as-b": ([(64, (64, 64, 2, 6)), (256, (112, 128, 2, 4, 1, 1, 1, True))], "weight as A only"),
+    # A folded order cannot cover the compute-bound batches, and its invariance is not verified.
+    "folded": ([(1, (28, 8, 1, 5, 4, 1, 1, False, False, 2)), (16, (28, 16, 1, 4, 4, 1, 1, False, False, 2))],
+               "weight as A only, unfolded"),
 }
 
 
