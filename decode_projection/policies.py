@@ -339,8 +339,8 @@ def padded_tile_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, order=N
 
 def folded_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> list[SplitKTactic]:
     """Unsplit tiles narrow enough to fill the SMs in one wave with K folded into one warpgroup tile, at
-    streaming batches, in stages of 4 boxes then of 2 (at the deepest pipeline, where every K segment
-    gets two stages or more); within each, the fold whose slots the tile fills best first.
+    streaming batches, in stages of 4 boxes then of 2 (at the deepest pipeline, if it holds MIN_STAGES,
+    where every K segment gets two stages or more); within each, the fold whose slots the tile fills best first.
 
     A padded tile of 28 rows keeps 28/64 of its shared memory's weight bytes in flight and a split
     one pays the reduction; folded, 3584 rows on 128 SMs keep 56/64 in flight and sum in the CTA.
@@ -355,7 +355,8 @@ def folded_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> list[Spli
         for fold in sorted(FOLDS[1:], reverse=True):
             stages = max_stages(rows, acts, 1, boxes, fold=fold)
             tactic = SplitKTactic(rows, acts, 1, stages, boxes, fold=fold)
-            if tactic.valid and math.ceil(math.ceil(k / tactic.tile_k) / fold) >= 2:
+            # Two stages of 4 boxes ran 3x slower on the H200 (42 against 15 us at M=64): one stage in flight.
+            if tactic.valid and tactic.stages >= MIN_STAGES and math.ceil(math.ceil(k / tactic.tile_k) / fold) >= 2:
                 found.append(tactic)
     return found
 
