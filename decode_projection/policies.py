@@ -180,7 +180,7 @@ def pinned_tactic(n: int, k: int, batch: int, order, gpu: GpuSpec = H200) -> Spl
     """
     if len(order) != 2:
         raise ValueError(f"summation order {order} is not (split, k boxes) with the weight as A: "
-                         "batch invariance is verified with the weight as A only, unfolded")
+                         "batch invariance is verified with the weight as A only")
     split, k_boxes = order
     usual = default_tactic(n, k, 1, gpu, batch_invariant=True).weight_rows
     rows_first = [usual] + [rows for rows in WEIGHT_ROWS if rows != usual]
@@ -337,10 +337,11 @@ def padded_tile_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, order=N
     return (wide or unsplit) + [t for t in found if t.split > 1][:1]
 
 
-def folded_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> list[SplitKTactic]:
+def folded_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, order=None) -> list[SplitKTactic]:
     """Unsplit tiles narrow enough to fill the SMs in one wave with K folded into one warpgroup tile, at
-    streaming batches, in stages of 4 boxes then of 2 (at the deepest pipeline, if it holds MIN_STAGES,
-    where every K segment gets two stages or more); within each, the fold whose slots the tile fills best first.
+    streaming batches, in stages of 4 boxes, then 2, then 1 (at the deepest pipeline, if it holds MIN_STAGES,
+    where every K segment gets two stages or more); within each, the fold whose slots the tile fills best
+    first. Where ``order`` pins (split, K boxes), those that sum in it (a fold sums as the split of as many).
 
     A padded tile of 28 rows keeps 28/64 of its shared memory's weight bytes in flight and a split
     one pays the reduction; folded, 3584 rows on 128 SMs keep 56/64 in flight and sum in the CTA.
@@ -351,14 +352,14 @@ def folded_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> list[Spli
         return []
     rows = math.ceil(n / tiles_per_wave)
     found = []
-    for boxes in reversed(K_BOXES[1:]):
+    for boxes in reversed(K_BOXES):
         for fold in sorted(FOLDS[1:], reverse=True):
             stages = max_stages(rows, acts, 1, boxes, fold=fold)
             tactic = SplitKTactic(rows, acts, 1, stages, boxes, fold=fold)
             # Two stages of 4 boxes ran 3x slower on the H200 (42 against 15 us at M=64): one stage in flight.
             if tactic.valid and tactic.stages >= MIN_STAGES and math.ceil(math.ceil(k / tactic.tile_k) / fold) >= 2:
                 found.append(tactic)
-    return found
+    return [t for t in found if order is None or t.summation_order == tuple(order)]
 
 
 def with_k_boxes(tactic: SplitKTactic, k_boxes: int) -> SplitKTactic:
@@ -397,7 +398,7 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
 
     The first slots go to those (all but the ones the groups below reserve:
     SHARED_LOAD_CANDIDATES, WIDE_STAGE_CANDIDATES where no order is pinned, and as
-    many as the padded, column-group and weight-as-B groups hold). Up to
+    many as the padded, folded, column-group and weight-as-B groups hold). Up to
     WIDE_STAGE_CANDIDATES of the slots after them go to 2- and 4-box variants of the
     first two (the model cannot tell stage widths apart: only timing can), unless
     ``order`` pins the split and K boxes; up to SHARED_LOAD_CANDIDATES to the first
@@ -406,8 +407,9 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     rounding the tiles up to whole groups would push a one-wave grid into a second;
     at streaming batches up to PADDED_TILE_CANDIDATES to SM-filling weight tiles
     that are not whole warpgroups (``padded_tile_tactics``; under a pinned order,
-    one of that order: a padded tile sums as the whole tile does); at
-    compute-bound batches up to COLUMN_GROUP_CANDIDATES to the best 64-row
+    one of that order: a padded tile sums as the whole tile does), and up to
+    FOLDED_CANDIDATES to SM-filling tiles with K folded (``folded_tactics``; under a
+    pinned order, those of a fold that sums in it); at compute-bound batches up to COLUMN_GROUP_CANDIDATES to the best 64-row
     tactics with two consumer warpgroups splitting the activation tile (the model
     cannot tell how busy they keep the tensor pipe: only timing can); and from
     WEIGHT_AS_B_ROWS activation rows on up to WEIGHT_AS_B_CANDIDATES to tactics with
@@ -430,8 +432,7 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     folded = []
     if activation_rows_for(batch) < COMPUTE_BOUND_ROWS:
         padded = padded_tile_tactics(n, k, batch, gpu, order)[:PADDED_TILE_CANDIDATES]
-    if order is None:
-        folded = folded_tactics(n, k, batch, gpu)[:FOLDED_CANDIDATES]
+        folded = folded_tactics(n, k, batch, gpu, order)[:FOLDED_CANDIDATES]
     if activation_rows_for(batch) >= COMPUTE_BOUND_ROWS:
         columns = [replace(t, column_groups=2) for t in chosen if t.weight_rows == WGMMA_ROWS]
         columns = [t for t in columns if t.valid][:COLUMN_GROUP_CANDIDATES]

@@ -69,13 +69,13 @@ def load_table(path) -> dict:
 
 def check_invariant(table, where) -> None:
     """Batch-invariant entries must keep one summation order per shape, or rows would depend on the batch,
-    and the weight as wgmma's A with K unfolded, what the GPU tests verify invariance for."""
+    and the weight as wgmma's A, what the GPU tests verify invariance for."""
     for key, batches in table.items():
         orders = {tactic.summation_order for tactic in batches.values()}
         if key.batch_invariant and not all(tactic.invariance_verified for tactic in batches.values()):
             raise ValueError(
-                f"{where}: batch-invariant table for {key.n}x{key.k} holds a tactic with the weight as wgmma's B "
-                "or K folded; batch invariance is verified with the weight as A only, unfolded"
+                f"{where}: batch-invariant table for {key.n}x{key.k} holds a tactic with the weight as wgmma's B; "
+                "batch invariance is verified with the weight as A only"
             )
         if key.batch_invariant and len(orders) > 1:
             raise ValueError(

@@ -37,7 +37,8 @@ ACTIVATION_ROWS = (8, 16, 32, 48, 64, 96, 128, 192, 256)
 # K segments folded into one 64-row warpgroup tile: a weight tile of at most 64 / fold rows takes a slot
 # of 64 / fold rows for each of ``fold`` K segments, and the activation tile one slot per segment, so
 # one wgmma sums all segments at once (the cross-segment products are discarded). Narrow tiles that fill
-# the SMs then keep a whole warpgroup tile of weight bytes in flight, without split K's reduction.
+# the SMs then keep a whole warpgroup tile of weight bytes in flight, without split K's reduction. The
+# segments are a split of ``fold`` ranks' K slices, added in the same order: a fold sums as that split does.
 FOLDS = (1, 2, 4)
 # A folded tile may hold any number of rows up to its slot (tiles that fill the SMs: 3584 rows in 128 tiles of 28).
 WEIGHT_ROWS_FOLDED = tuple(range(1, WGMMA_ROWS // FOLDS[1] + 1))
@@ -79,9 +80,8 @@ class SplitKTactic:
     @property
     def invariance_verified(self) -> bool:
         """True where the GPU tests verify batch invariance: the weight as wgmma's A (whole warpgroup tiles,
-        and tiles padded to them, which sum every output as the whole tile of their order does), unfolded
-        (a folded order cannot cover the compute-bound batches, whose activation tiles fill wgmma's N)."""
-        return not self.weight_as_b and self.fold == 1
+        and tiles padded to them or folded, which sum every output as the whole tile of their order does)."""
+        return not self.weight_as_b
 
     @property
     def tile_k(self) -> int:
@@ -95,11 +95,12 @@ class SplitKTactic:
         Kept whole even at split 1 (where the stage width should not change the
         order): batch invariance is only claimed for what the GPU tests verify.
         For the same reason the weight as wgmma's B is an order of its own (a
-        third entry): the tests verify invariance with the weight as A. So is a folded K.
+        third entry): the tests verify invariance with the weight as A. A fold of F sums each output
+        in the K slices of a split of F, adding them in the same order: it is that split's order.
         """
         if self.weight_as_b:
             return (self.split, self.k_boxes, "weight as B")
-        return (self.split, self.k_boxes, f"fold {self.fold}") if self.fold > 1 else (self.split, self.k_boxes)
+        return (self.split * self.fold, self.k_boxes)
 
     @property
     def tile_mnk(self) -> tuple[int, int, int]:

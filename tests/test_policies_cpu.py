@@ -76,7 +76,7 @@ def test_candidates_start_with_the_pick_and_are_valid():
             assert len(found) == len(set(found)) and 1 <= len(found) <= 5
             assert all(t.valid for t in found)
             pinned = candidate_tactics(n, k, batch, limit=4, order=(2, 1))
-            assert {t.split for t in pinned} == {2}
+            assert {t.summation_order for t in pinned} == {(2, 1)}
 
 
 def test_cost_model_prefers_in_flight_bytes():
@@ -214,23 +214,28 @@ def test_padded_weight_tiles_fill_the_sms_at_streaming_batches():
 def test_folded_tiles_fill_the_sms_in_one_warpgroup_tile_at_streaming_batches():
     # 3584 rows: 128 tiles of 28 in slots of 32 (two K segments); 2112: 132 tiles of 16, in four segments first
     # where four fit in shared memory three stages deep.
-    for (n, rows, folds, ctas) in ((3584, 28, {1: [2, 2], 64: [2]}, 128), (2112, 16, {1: [4, 2], 64: [2]}, 132)):
+    for (n, rows, folds, ctas) in ((3584, 28, {1: [2, 2], 64: [2, 2]}, 128), (2112, 16, {1: [4, 2], 64: [2, 4]}, 132)):
         for batch in (1, 16, 64):
             offered = [t for t in candidate_tactics(n, 7168, batch, limit=16) if t.fold > 1]
             assert [t.fold for t in offered] == folds[1 if batch < 64 else 64], f"{n} M={batch}"
             assert {t.weight_rows for t in offered} == {rows}
             assert all(t.valid and t.split == 1 and t.stages >= 3 and grid_ctas(t, n, batch) == ctas for t in offered)
             assert all(t.stage_load_bytes == t.fold * (rows + t.activation_rows) * t.tile_k * 2 for t in offered)
-    # Never where 64-row tiles already fill the SMs, at compute-bound batches, or under a pinned order.
+    # Never where 64-row tiles already fill the SMs or at compute-bound batches; under a pinned order, the
+    # folds that sum in it (a fold of 2 as a split of 2).
     assert not [t for t in candidate_tactics(7168, 3584, 1, limit=16) if t.fold > 1]
     assert not [t for t in candidate_tactics(3584, 7168, 96, limit=16) if t.fold > 1]
     assert not [t for t in candidate_tactics(3584, 7168, 1, limit=16, order=(1, 4)) if t.fold > 1]
+    pinned = [t for t in candidate_tactics(3584, 7168, 1, limit=16, order=(2, 1)) if t.fold > 1]
+    assert [(t.weight_rows, t.fold, t.k_boxes) for t in pinned] == [(28, 2, 1)]
 
 
 def test_folded_tactics_are_checked():
     folded = SplitKTactic(28, 8, 1, 5, 4, fold=2)
     assert folded.valid and folded.tile_mnk == (64, 16, 256) and folded.slot_rows == 32 and folded.label.endswith("F2)")
-    assert folded.summation_order == (1, 4, "fold 2") and not folded.invariance_verified
+    # A fold of 2 sums in the K slices of a split of 2, in the same order.
+    assert folded.summation_order == SplitKTactic(64, 8, 2, 6, 4).summation_order == (2, 4)
+    assert folded.invariance_verified
     for bad in (replace(folded, weight_rows=33), replace(folded, split=2), replace(folded, multicast=2),
                 replace(folded, weight_as_b=True), replace(folded, fold=3), replace(folded, activation_rows=256, stages=2)):
         assert not bad.valid, bad
@@ -254,9 +259,9 @@ REFUSED_INVARIANT_TABLES = {
     "mixed-k-boxes": ([(1, (64, 8, 2, 6, 4)), (16, (64, 16, 2, 12, 1))], "mixes summation orders"),
     # Invariance is verified with the weight as A only.
     "weight-as-b": ([(64, (64, 64, 2, 6)), (256, (112, 128, 2, 4, 1, 1, 1, True))], "weight as A only"),
-    # A folded order cannot cover the compute-bound batches, and its invariance is not verified.
-    "folded": ([(1, (28, 8, 1, 5, 4, 1, 1, False, False, 2)), (16, (28, 16, 1, 4, 4, 1, 1, False, False, 2))],
-               "weight as A only, unfolded"),
+    # A fold of 2 sums as a split of 2, not as an unsplit tile.
+    "folded-unsplit": ([(1, (28, 8, 1, 5, 4, 1, 1, False, False, 2)), (64, (32, 64, 1, 3, 4))],
+                       "mixes summation orders"),
 }
 
 
@@ -270,10 +275,14 @@ def test_batch_invariant_table_is_refused(tmp_path, name):
         tables.load_table(path)
 
 
-def test_batch_invariant_table_may_hold_padded_tiles_of_its_order(tmp_path):
+def test_batch_invariant_table_may_hold_padded_and_folded_tiles_of_its_order(tmp_path):
     path = tmp_path / "padded.json"
     tables.write_table(path, [entry(1, (64, 8, 1, 6, 2), invariant=True), entry(32, (56, 32, 1, 9, 2), invariant=True)],
                        dsl_version="test", measured="today")
+    assert tables.load_table(path)
+    path = tmp_path / "folded.json"
+    tables.write_table(path, [entry(1, (28, 8, 1, 5, 4, 1, 1, False, False, 2), invariant=True),
+                              entry(64, (64, 64, 2, 3, 4), invariant=True)], dsl_version="test", measured="today")
     assert tables.load_table(path)
 
 

@@ -32,18 +32,23 @@ def test_batch_invariant_rows_do_not_depend_on_the_batch(shape):
     assert_close_to_reference(alone, x, weight, label=f"{n}x{k} batch-invariant")
 
 
-# Two summation orders (split, K boxes), each with a whole-warpgroup tile first and weight-as-A tiles padded
-# to whole warpgroups after it: one, two and three warpgroups, activation tiles of 8 to 64 rows.
-PADDED_ORDERS = [
+# Summation orders (split, K boxes), each with a whole-warpgroup tile first and weight-as-A tiles padded
+# to whole warpgroups after it (one, two and three warpgroups, activation tiles of 8 to 64 rows), or tiles with
+# K folded into as many segments as the split has ranks (the last segment partly past K).
+ORDERS = [
     [SplitKTactic(64, 8, 1, 6, 2), SplitKTactic(56, 8, 1, 6, 2), SplitKTactic(56, 16, 1, 5, 2),
      SplitKTactic(160, 32, 1, 4, 2), SplitKTactic(56, 64, 1, 7, 2)],
     [SplitKTactic(128, 8, 4, 6), SplitKTactic(120, 16, 4, 6), SplitKTactic(48, 64, 4, 7), SplitKTactic(176, 32, 4, 4)],
+    [SplitKTactic(64, 8, 2, 6, 4), SplitKTactic(28, 8, 1, 5, 4, dependents_at_start=True, fold=2),
+     SplitKTactic(17, 16, 1, 4, 4, fold=2), SplitKTactic(32, 32, 1, 3, 4, fold=2)],
+    [SplitKTactic(128, 16, 4, 6, 2), SplitKTactic(16, 8, 1, 9, 2, fold=4), SplitKTactic(12, 32, 1, 4, 2, fold=4)],
 ]
 
 
-@pytest.mark.parametrize("tactics", PADDED_ORDERS, ids=lambda ts: "split{}-boxes{}".format(*ts[0].summation_order))
-def test_padded_tiles_sum_in_the_order_of_whole_tiles(tactics):
-    """A padded weight tile gives every output bit for bit what the whole tile of its order gives, at any batch."""
+@pytest.mark.parametrize("tactics", ORDERS, ids=lambda ts: "split{}-boxes{}".format(*ts[0].summation_order))
+def test_padded_and_folded_tiles_sum_in_the_order_of_whole_tiles(tactics):
+    """A padded or folded weight tile gives every output bit for bit what the whole tile of its order gives,
+    at any batch."""
     n, k, batch = 1000, 1544, 61  # ragged weight tiles, a K tail, a partial activation tile
     weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(batch, k, device="cuda", dtype=torch.bfloat16)
