@@ -32,6 +32,13 @@ once. The kernel is shaped around that:
   shared-memory tile is whole 64-row warpgroup tiles, the rows past the TMA box
   are never loaded and their results never stored, so the grid can fill the
   SMs at streaming batches without the weight as B.
+* A tile of at most 32 (or 16) weight rows may fold K instead: its 64-row
+  shared-memory tile holds 2 (or 4) K segments of its rows, the activation
+  tile one slot per segment, so one wgmma sums every segment (the products
+  across segments are discarded) and the epilogue adds the segments' partials
+  in order. Narrow tiles that fill the SMs (3584 rows: 128 of 28) then keep a
+  whole tile of weight bytes in flight with no cluster reduction, and sum as a
+  split of as many ranks does.
 * Split K across the ``split`` CTAs of a thread-block cluster (short N, long K
   needs more CTAs than N tiles to fill 132 SMs). Partial sums are reduced
   through distributed shared memory in a fixed rank order: no atomics, no
