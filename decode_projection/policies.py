@@ -409,8 +409,9 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     that are not whole warpgroups (``padded_tile_tactics``; under a pinned order,
     one of that order: a padded tile sums as the whole tile does), and up to
     FOLDED_CANDIDATES to SM-filling tiles with K folded (``folded_tactics``; under a
-    pinned order, those of a fold that sums in it); at compute-bound batches up to COLUMN_GROUP_CANDIDATES to the best 64-row
-    tactics with two consumer warpgroups splitting the activation tile (the model
+    pinned order, those of a fold that sums in it); at compute-bound batches up to
+    COLUMN_GROUP_CANDIDATES to the best 64-row tactics with two consumer
+    warpgroups splitting the activation tile (the model
     cannot tell how busy they keep the tensor pipe: only timing can); and from
     WEIGHT_AS_B_ROWS activation rows on up to WEIGHT_AS_B_CANDIDATES to tactics with
     the weight as wgmma's B, unless ``order`` pins the summation order (the GPU
@@ -428,8 +429,7 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     family_bests.sort(key=ranked.index)
     chosen = [pick] + family_bests
     chosen += [t for t in ranked if t not in chosen]
-    padded, columns, weight_as_b = [], [], []
-    folded = []
+    padded, folded, columns, weight_as_b = [], [], [], []
     if activation_rows_for(batch) < COMPUTE_BOUND_ROWS:
         padded = padded_tile_tactics(n, k, batch, gpu, order)[:PADDED_TILE_CANDIDATES]
         folded = folded_tactics(n, k, batch, gpu, order)[:FOLDED_CANDIDATES]
