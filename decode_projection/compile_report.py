@@ -16,7 +16,7 @@ from .sass import kernel_report
 def compile_report(shapes, batches, kinds, *, weight_dtype, output_dtype, arch="sm_90a") -> str:
     """Compile every tactic the policies need and describe each one."""
     tactics = {job[0] for job in kernel_jobs(shapes, batches, kinds, None, arch, weight_dtype, output_dtype)}
-    lines = [f"{'tactic (rows,acts,split,stages,boxes,multicast,columns[,B][,E][,F: fold][,A: activation stages])':>72} {'regs':>4} {'smem KB':>7} {'cluster':>7} "
+    lines = [f"{'tactic (rows,acts,split,stages,boxes,multicast,columns[,B][,E][,F: fold])':>72} {'regs':>4} {'smem KB':>7} {'cluster':>7} "
              f"{'HGMMA':>5} {'UTMALDG':>7} {'spills':>6} {'compile s':>9}"]
     for tactic in sorted(tactics, key=astuple):
         started = time.perf_counter()

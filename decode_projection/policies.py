@@ -229,7 +229,7 @@ def predicted_time_us(n: int, k: int, batch: int, tactic: SplitKTactic, gpu: Gpu
     ctas = grid_ctas(tactic, n, batch)
     per_sm = ctas_per_sm(tactic, gpu)
     resident = min(ctas, gpu.sm_count * per_sm)
-    in_flight = resident * tactic.bytes_in_flight
+    in_flight = resident * tactic.stages * tactic.stage_load_bytes  # padding rows are never loaded
     bandwidth = min(gpu.hbm_bytes_per_us, in_flight / latency_us, min(ctas, gpu.sm_count) * SM_BYTES_PER_US)
     weight_us = m_tiles * n * k * 2 / bandwidth
     # Every CTA reads its K slice of the activation tile: per weight tile, all of K.

@@ -13,13 +13,8 @@ once. The kernel is shaped around that:
   (built once per weight), with the L2 hint EVICT_FIRST: each weight byte is
   used once per step and must not push activations or KV out of L2.
   Activation tiles arrive by TMA with EVICT_LAST: every CTA re-reads them.
-* Two producer warps keep tiles in flight through two mbarrier pipelines (a
-  stage holds 1, 2 or 4 TMA boxes of 64 K): ``stages`` weight tiles, streamed
-  from the start, and as many activation tiles or fewer, from when the previous
-  kernel is done. Activation tiles come from L2, sooner than weight tiles from
-  HBM, so a shallower activation pipeline leaves its shared memory to weight
-  bytes in flight (from M = 64 on an activation tile is as large as a weight
-  tile). One consumer
+* A producer warp keeps ``stages`` tiles in flight through an mbarrier
+  pipeline (a stage holds 1, 2 or 4 TMA boxes of 64 K); one consumer
   warpgroup per 64 rows of wgmma's A issues wgmma, keeping one group in flight
   (or two that split a large activation tile, so that one's barrier waits
   overlap the other's wgmmas).
@@ -126,10 +121,8 @@ class SplitKGemm:
             tiler_mn=(WGMMA_ROWS, t.wgmma_columns),
         )
         k_major = utils.LayoutEnum.ROW_MAJOR
-        act_stages = t.activation_pipeline_stages
-        a_stages, b_stages = (act_stages, t.stages) if t.weight_as_b else (t.stages, act_stages)
-        a_smem = sm90_utils.make_smem_layout_a(k_major, t.tile_mnk, operand, a_stages)
-        b_smem = sm90_utils.make_smem_layout_b(k_major, t.tile_mnk, operand, b_stages)
+        a_smem = sm90_utils.make_smem_layout_a(k_major, t.tile_mnk, operand, t.stages)
+        b_smem = sm90_utils.make_smem_layout_b(k_major, t.tile_mnk, operand, t.stages)
         weight_smem, act_smem = (b_smem, a_smem) if t.weight_as_b else (a_smem, b_smem)
         # The activation tile of each stage, one slot per folded K segment, as TMA fills it.
         act_slots = act_smem
@@ -140,8 +133,8 @@ class SplitKGemm:
             )
             act_smem, act_slots = (
                 cute.tile_to_shape(atom, shape, order=(1, 0, 2))
-                for shape in ((t.fold * t.activation_rows, t.tile_k, act_stages),
-                              (t.activation_rows, t.tile_k, t.fold * act_stages))
+                for shape in ((t.fold * t.activation_rows, t.tile_k, t.stages),
+                              (t.activation_rows, t.tile_k, t.fold * t.stages))
             )
         act_tma, act_coords = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SMulticastOp() if t.multicast > 1 else cpasync.CopyBulkTensorTileG2SOp(),
@@ -153,8 +146,7 @@ class SplitKGemm:
 
         @cute.struct
         class SharedStorage:
-            weight_barriers: cute.struct.MemRange[cutlass.Int64, 2 * t.stages]
-            act_barriers: cute.struct.MemRange[cutlass.Int64, 2 * act_stages]
+            barriers: cute.struct.MemRange[cutlass.Int64, 2 * t.stages]
             reduction_barrier: cute.struct.MemRange[cutlass.Int64, 1]
             weight_tiles: cute.struct.Align[
                 cute.struct.MemRange[operand, cute.cosize(weight_smem)], 1024
@@ -229,25 +221,16 @@ class SplitKGemm:
                 # publishes it before any signal.
                 cute.arch.mbarrier_init(storage.reduction_barrier.data_ptr(), 1)
                 cute.arch.mbarrier_init_fence()
-        # A CTA-local pipeline counts one release per consumer warp. Its barriers are published with the
-        # activation pipeline's, which synchronizes the CTA (the cluster, where sharers multicast).
-        weights = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.weight_barriers.data_ptr(),
+        tiles = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.barriers.data_ptr(),
             num_stages=t.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.consumer_threads // 32),
-            tx_count=t.weight_load_bytes,
-            defer_sync=True,
-        )
-        acts = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.act_barriers.data_ptr(),
-            num_stages=t.activation_pipeline_stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            # Multicast signalling takes the consumer threads and derives one release per warp and sharer.
+            # Multicast signalling takes the consumer threads and derives one release per
+            # warp and sharer; a CTA-local pipeline counts one release per consumer warp.
             consumer_group=pipeline.CooperativeGroup(
                 pipeline.Agent.Thread, self.consumer_threads if t.multicast > 1 else self.consumer_threads // 32
             ),
-            tx_count=t.activation_load_bytes,
+            tx_count=t.stage_load_bytes,
             cta_layout_vmnk=self.sharing_layout(),
             mcast_mode_mn=(0, 1),
             enable_multicast_signaling=t.multicast > 1,
@@ -258,28 +241,9 @@ class SplitKGemm:
 
         if warp >= self.producer_warp:
             if cutlass.const_expr(t.reallocates_registers):
-                # Only the first two warps load; their registers go to the consumers.
+                # Only the first warp loads; its registers go to the consumers.
                 cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
             if warp == self.producer_warp:
-                descriptor = cute.make_ptr(
-                    cutlass.Int8, weight_map, cute.AddressSpace.generic, assumed_align=128
-                )
-                # The map was written by a host copy: acquire it for the tensormap proxy.
-                nvvm.fence_proxy_acquire("gpu", descriptor, 128)
-                if nvvm.elect_sync():
-                    nvvm.prefetch_tensormap(descriptor)
-                weight_row = n_tile * t.weight_rows
-                weight_tiles = storage.weight_tiles.data_ptr()
-                # Weights do not depend on the previous kernel (programmatic dependent
-                # launch): they stream while it finishes.
-                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, t.stages)
-                for i in cutlass.range(k_count, unroll=1):
-                    weights.producer_acquire(state)
-                    self.load_weight(weight_tiles, state, descriptor, weights, k_begin + i, fold_stride, weight_row)
-                    state.advance()
-                if cutlass.const_expr(not t.dependents_at_start):
-                    cute.arch.griddepcontrol_launch_dependents()
-            if warp == self.producer_warp + 1:
                 if cutlass.const_expr(t.weight_as_b):
                     g_act = cute.local_tile(act_coords, t.tile_mnk, (m_tile, n_tile, None, 0), proj=(1, None, 1))
                 else:
@@ -297,19 +261,44 @@ class SplitKGemm:
                 sharers_mask = None
                 if cutlass.const_expr(t.multicast > 1):
                     sharers_mask = cutlass.Int16(sum(1 << (i * t.split) for i in range(t.multicast))) << rank
+                descriptor = cute.make_ptr(
+                    cutlass.Int8, weight_map, cute.AddressSpace.generic, assumed_align=128
+                )
+                # The map was written by a host copy: acquire it for the tensormap proxy.
+                nvvm.fence_proxy_acquire("gpu", descriptor, 128)
+                if nvvm.elect_sync():
+                    nvvm.prefetch_tensormap(descriptor)
                 cpasync.prefetch_descriptor(act_tma)
-                # Activations are the previous kernel's output.
+                weight_row = n_tile * t.weight_rows
+                weight_tiles = storage.weight_tiles.data_ptr()
+
+                # Weights do not depend on the previous kernel (programmatic dependent
+                # launch), so the first stages stream while it finishes; activations do.
+                prefetch = cutlass.min(t.stages, k_count)
+                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, t.stages)
+                for i in cutlass.range(prefetch, unroll=1):
+                    tiles.producer_acquire(state)
+                    self.load_weight(weight_tiles, state, descriptor, tiles, k_begin + i, fold_stride, weight_row)
+                    state.advance()
                 cute.arch.griddepcontrol_wait()
-                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, t.activation_pipeline_stages)
-                for i in cutlass.range(k_count, unroll=1):
-                    acts.producer_acquire(state)
+                early = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, t.stages)
+                for i in cutlass.range(prefetch, unroll=1):
                     self.load_activations(
-                        act_tma, t_act_global, t_act_smem, state, acts, k_begin + i, fold_stride, sharers_mask
+                        act_tma, t_act_global, t_act_smem, early, tiles, k_begin + i, fold_stride, sharers_mask
+                    )
+                    early.advance()
+                for i in cutlass.range(prefetch, k_count, unroll=1):
+                    tiles.producer_acquire(state)
+                    self.load_weight(weight_tiles, state, descriptor, tiles, k_begin + i, fold_stride, weight_row)
+                    self.load_activations(
+                        act_tma, t_act_global, t_act_smem, state, tiles, k_begin + i, fold_stride, sharers_mask
                     )
                     state.advance()
+                if cutlass.const_expr(not t.dependents_at_start):
+                    cute.arch.griddepcontrol_launch_dependents()
                 if cutlass.const_expr(t.multicast > 1):
                     # Sharers' consumers release this CTA's stages remotely: stay until they have.
-                    acts.producer_tail(state)
+                    tiles.producer_tail(state)
             if cutlass.const_expr(t.split > 1):
                 # The reduction's cluster barrier counts every thread.
                 cute.arch.cluster_arrive()
@@ -326,42 +315,31 @@ class SplitKGemm:
             acc.fill(0.0)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
             k_blocks = cute.size(frag_a, mode=[2])
-            weight_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.stages)
-            act_state = pipeline.make_pipeline_state(
-                pipeline.PipelineUserType.Consumer, t.activation_pipeline_stages
-            )
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.stages)
             # One wgmma group stays in flight: a stage is released once the group
             # after it has been issued, so the tensor cores never wait on the
             # release round trip (what limits compute-bound batches).
-            weight_retired = weight_state.clone()
-            act_retired = act_state.clone()
+            retired = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.stages)
             for i in cutlass.range(k_count, unroll=1):
-                weights.consumer_wait(weight_state)
-                acts.consumer_wait(act_state)
-                a_stage, b_stage = (act_state.index, weight_state.index) if t.weight_as_b \
-                    else (weight_state.index, act_state.index)
+                tiles.consumer_wait(state)
                 warpgroup.fence()
                 for kb in cutlass.range_constexpr(k_blocks):
                     cute.gemm(
                         tiled_mma,
                         acc,
-                        frag_a[(None, None, kb, a_stage)],
-                        frag_b[(None, None, kb, b_stage)],
+                        frag_a[(None, None, kb, state.index)],
+                        frag_b[(None, None, kb, state.index)],
                         acc,
                     )
                 warpgroup.commit_group()
                 warpgroup.wait_group(1)
                 if i > 0:
-                    weights.consumer_release(weight_retired)
-                    acts.consumer_release(act_retired)
-                    weight_retired.advance()
-                    act_retired.advance()
-                weight_state.advance()
-                act_state.advance()
+                    tiles.consumer_release(retired)
+                    retired.advance()
+                state.advance()
             warpgroup.wait_group(0)
             if k_count > 0:
-                weights.consumer_release(weight_retired)
-                acts.consumer_release(act_retired)
+                tiles.consumer_release(retired)
             # This CTA has streamed its weights: let the next launch in, unless it was let in at the start,
             # and wait for the previous launch before writing ``out``.
             if cutlass.const_expr(not t.dependents_at_start):
@@ -413,7 +391,7 @@ class SplitKGemm:
         t = self.tactic
         staged_bytes = t.activation_rows * (t.weight_smem_rows + STAGING_PAD) * 2
         return (t.split == 1 and out_type.width == 16 and t.activation_rows >= STAGED_STORE_ROWS
-                and staged_bytes <= t.pipeline_bytes)
+                and staged_bytes <= t.stages * t.stage_bytes)
 
     @cute.jit
     def store_staged(self, acc, coords, storage, out, row0, col0):
@@ -507,7 +485,7 @@ class SplitKGemm:
         return cute.make_layout((1, t.multicast, 1, t.split), stride=(0, t.split, 0, 1))
 
     @cute.jit
-    def load_weight(self, weight_tiles, state, descriptor, weights, k_tile, fold_stride, weight_row):
+    def load_weight(self, weight_tiles, state, descriptor, tiles, k_tile, fold_stride, weight_row):
         """One weight tile by TMA through the device-resident map, evicted first from L2.
 
         A stage of ``k_boxes`` boxes asks for that many adjacent 128-byte pieces of
@@ -524,12 +502,12 @@ class SplitKGemm:
                         + box * (t.weight_smem_rows * BOX_K) + segment * (t.slot_rows * BOX_K),
                         descriptor,
                         [(k_tile + segment * fold_stride) * t.tile_k + box * BOX_K, weight_row],
-                        weights.producer_get_barrier(state),
+                        tiles.producer_get_barrier(state),
                         l2_cache_hint=EVICT_FIRST,
                     )
 
     @cute.jit
-    def load_activations(self, act_tma, t_act_global, t_act_smem, state, acts, k_tile, fold_stride, sharers_mask):
+    def load_activations(self, act_tma, t_act_global, t_act_smem, state, tiles, k_tile, fold_stride, sharers_mask):
         """This CTA's share of one activation tile (one per folded K segment) by TMA, to every sharer, kept in
         L2 for the other CTAs."""
         t = self.tactic
@@ -538,7 +516,7 @@ class SplitKGemm:
                 act_tma,
                 t_act_global[(None, k_tile + segment * fold_stride)],
                 t_act_smem[(None, state.index * t.fold + segment)],
-                tma_bar_ptr=acts.producer_get_barrier(state),
+                tma_bar_ptr=tiles.producer_get_barrier(state),
                 mcast_mask=sharers_mask,  # None without multicast
                 cache_policy=cutlass.Int64(EVICT_LAST),
             )

@@ -2,7 +2,7 @@
 
 A tactic fixes everything the kernel's code depends on except the dtypes:
 weight rows and activation rows per CTA, how many cluster CTAs split K, pipeline
-stages (of the weight, and of the activations where those are fewer) and TMA boxes per stage, how many weight tiles share one activation load,
+stages and TMA boxes per stage, how many weight tiles share one activation load,
 how many consumer warpgroups split the activation tile, which wgmma operand
 the weight is, and when a launch lets the next one in. ``problems()`` is the one
 validity predicate: the tuner, the tables, the heuristic and the kernel all ask
@@ -42,10 +42,6 @@ ACTIVATION_ROWS = (8, 16, 32, 48, 64, 96, 128, 192, 256)
 FOLDS = (1, 2, 4)
 # A folded tile may hold any number of rows up to its slot (tiles that fill the SMs: 3584 rows in 128 tiles of 28).
 WEIGHT_ROWS_FOLDED = tuple(range(1, WGMMA_ROWS // FOLDS[1] + 1))
-# Activation tiles come from L2, weight tiles from HBM: the activations need fewer stages in flight. A shallower
-# activation pipeline leaves its shared memory to weight stages, and the activation tile takes as much of each
-# stage as the weight tile from M = 64 on (docs/performance.md, v25). 0: as many stages as the weight.
-MIN_ACTIVATION_STAGES = 2
 SPLITS = tuple(range(1, 9))  # 3, 5, 6 and 7 too: clusters need not be powers of two
 MULTICASTS = (1, 2, 4)  # CTAs of neighbouring weight tiles that share one activation load
 PORTABLE_CLUSTER = 8  # CTAs a cluster (split x multicast) may hold without the non-portable attribute
@@ -58,9 +54,8 @@ class SplitKTactic:
     """One kernel configuration: weight rows per CTA, activation rows per CTA, split K, stages,
     TMA boxes per stage along K, how many weight tiles share each activation load, how many
     consumer warpgroups split the activation tile between them, whether the weight is
-    wgmma's B operand (activations A) instead of A, whether the launch lets the next
-    (programmatic) launch in as it starts instead of once its weights are streamed, how many
-    K segments share a warpgroup tile, and how many activation stages (0: ``stages``)."""
+    wgmma's B operand (activations A) instead of A, and whether the launch lets the next
+    (programmatic) launch in as it starts instead of once its weights are streamed."""
 
     weight_rows: int
     activation_rows: int
@@ -72,17 +67,14 @@ class SplitKTactic:
     weight_as_b: bool = False
     dependents_at_start: bool = False
     fold: int = 1
-    activation_stages: int = 0
 
     @property
     def label(self) -> str:
         """The tactic's numbers in one token, then ``B`` where the weight is wgmma's B and ``E`` where
-        the next launch is let in early (as this one starts), ``F`` and the fold where K is folded, and
-        ``A`` and the activation stages where those are fewer than the weight's."""
+        the next launch is let in early (as this one starts), then ``F`` and the fold where K is folded."""
         numbers = [self.weight_rows, self.activation_rows, self.split, self.stages, self.k_boxes, self.multicast,
                    self.column_groups]
-        flags = ["B"] * self.weight_as_b + ["E"] * self.dependents_at_start + [f"F{self.fold}"] * (self.fold > 1) \
-            + [f"A{self.activation_stages}"] * (self.activation_stages > 0)
+        flags = ["B"] * self.weight_as_b + ["E"] * self.dependents_at_start + [f"F{self.fold}"] * (self.fold > 1)
         return "(" + ",".join(map(str, numbers + flags)) + ")"
 
     @property
@@ -146,49 +138,18 @@ class SplitKTactic:
 
     @property
     def threads(self) -> int:
-        """Consumer warpgroups plus two producer warps, weights and activations (a whole warpgroup where
-        registers are reallocated)."""
-        return 128 * self.consumer_groups + (128 if self.reallocates_registers else 64)
-
-    @property
-    def activation_pipeline_stages(self) -> int:
-        """Stages of the activation pipeline: ``activation_stages``, or as many as the weight's."""
-        return self.activation_stages or self.stages
-
-    @property
-    def weight_stage_bytes(self) -> int:
-        """Shared memory of one weight stage."""
-        return self.weight_smem_rows * self.tile_k * 2
-
-    @property
-    def activation_stage_bytes(self) -> int:
-        """Shared memory of one activation stage: a tile per folded K segment."""
-        return self.fold * self.activation_rows * self.tile_k * 2
+        """Consumer warpgroups plus one producer warp (a whole warpgroup where registers are reallocated)."""
+        return 128 * self.consumer_groups + (128 if self.reallocates_registers else 32)
 
     @property
     def stage_bytes(self) -> int:
-        """Shared memory of one weight stage and one activation stage."""
-        return self.weight_stage_bytes + self.activation_stage_bytes
+        """Shared memory of one pipeline stage: a weight tile and an activation tile per folded K segment."""
+        return (self.weight_smem_rows + self.fold * self.activation_rows) * self.tile_k * 2
 
     @property
-    def pipeline_bytes(self) -> int:
-        """Shared memory of both pipelines' stages (what the epilogues reuse)."""
-        return self.stages * self.weight_stage_bytes + self.activation_pipeline_stages * self.activation_stage_bytes
-
-    @property
-    def weight_load_bytes(self) -> int:
-        """Bytes the TMA loads of one weight stage write (its barrier's transaction count)."""
-        return self.fold * self.weight_rows * self.tile_k * 2
-
-    @property
-    def activation_load_bytes(self) -> int:
-        """Bytes the TMA loads of one activation stage write, every sharer's share (its barrier's transaction count)."""
-        return self.activation_stage_bytes
-
-    @property
-    def bytes_in_flight(self) -> int:
-        """Bytes the TMA loads of full pipelines write (padding rows are never loaded)."""
-        return self.stages * self.weight_load_bytes + self.activation_pipeline_stages * self.activation_load_bytes
+    def stage_load_bytes(self) -> int:
+        """Bytes the TMA loads of one stage write (the pipeline barrier's transaction count)."""
+        return self.fold * (self.weight_rows + self.activation_rows) * self.tile_k * 2
 
     @property
     def fold_bytes(self) -> int:
@@ -225,7 +186,7 @@ class SplitKTactic:
     @property
     def smem_bytes(self) -> int:
         """Shared memory per CTA."""
-        return BARRIER_BYTES + self.pipeline_bytes
+        return BARRIER_BYTES + self.stages * self.stage_bytes
 
     def problems(self) -> list[str]:
         """Why this tactic cannot run (empty when it can): the one validity predicate."""
@@ -244,9 +205,6 @@ class SplitKTactic:
         found = [f"{name} {value} not in {allowed}" for name, (value, allowed) in choices.items() if value not in allowed]
         if self.stages < 2:
             found.append(f"stages {self.stages} < 2")
-        if self.activation_stages and not MIN_ACTIVATION_STAGES <= self.activation_stages < self.stages:
-            found.append(f"activation stages {self.activation_stages} neither 0 (as many as the weight's) "
-                         f"nor in {MIN_ACTIVATION_STAGES}..{self.stages - 1}")
         if found:
             return found
         if self.split * self.multicast > PORTABLE_CLUSTER:
@@ -267,14 +225,12 @@ class SplitKTactic:
                          f"<= {ACTIVATION_ROWS[-1]}")
         if self.smem_bytes > SMEM_CAPACITY:
             found.append(f"{self.smem_bytes} B of shared memory > {SMEM_CAPACITY}")
-        if 2 * (self.stages + self.activation_pipeline_stages) * 8 + 8 > BARRIER_BYTES:
-            found.append(f"{self.stages} + {self.activation_pipeline_stages} stages' mbarriers > {BARRIER_BYTES} B")
-        if self.reduction_bytes > self.pipeline_bytes:
+        if self.reduction_bytes > self.stages * self.stage_bytes:
             found.append(
                 f"split-K reduction needs {self.reduction_bytes} B, more than the "
-                f"{self.pipeline_bytes} B of pipeline buffers it reuses"
+                f"{self.stages * self.stage_bytes} B of pipeline buffers it reuses"
             )
-        if self.fold_bytes > self.pipeline_bytes:
+        if self.fold_bytes > self.stages * self.stage_bytes:
             found.append(f"folded epilogue needs {self.fold_bytes} B, more than the pipeline buffers it reuses")
         return found
 
@@ -286,7 +242,7 @@ class SplitKTactic:
 
 def as_tactic(tactic) -> SplitKTactic:
     """A SplitKTactic from a tactic or a (weight rows, activation rows, split, stages[, k boxes[, multicast[,
-    column groups[, weight as b[, dependents at start[, fold[, activation stages]]]]]]]) tuple."""
+    column groups[, weight as b[, dependents at start[, fold]]]]]]) tuple."""
     tactic = tactic if isinstance(tactic, SplitKTactic) else SplitKTactic(*tactic)
     problems = tactic.problems()
     if problems:
@@ -295,9 +251,7 @@ def as_tactic(tactic) -> SplitKTactic:
 
 
 def max_stages(weight_rows: int, activation_rows: int, split: int, k_boxes: int = 1, *, weight_as_b=False,
-               fold=1, activation_stages=0) -> int:
-    """The deepest weight pipeline that fits in shared memory next to ``activation_stages`` activation stages
-    (0: as many as the weight's; ``weight_as_b``: the weight tile is not padded)."""
+               fold=1) -> int:
+    """The deepest pipeline that fits in shared memory (``weight_as_b``: the weight tile is not padded)."""
     probe = SplitKTactic(weight_rows, activation_rows, split, 1, k_boxes, weight_as_b=weight_as_b, fold=fold)
-    free = SMEM_CAPACITY - BARRIER_BYTES - activation_stages * probe.activation_stage_bytes
-    return free // (probe.weight_stage_bytes if activation_stages else probe.stage_bytes)
+    return (SMEM_CAPACITY - BARRIER_BYTES) // probe.stage_bytes

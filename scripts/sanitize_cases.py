@@ -1,8 +1,7 @@
 """A few small projections for compute-sanitizer (memcheck, racecheck): split 1, 2, 4 and 8; 1, 2 and 4 K boxes;
 activations multicast to 2 and 4 weight tiles; 64, 128 and 192 weight rows (the last with 256 activation rows too);
 two consumer warpgroups splitting the activation tile; the weight as wgmma's B; weight tiles padded to whole
-warpgroups; the unsplit epilogue staged in shared memory, with and without 16-byte output stores; K folded;
-activation pipelines shallower than the weight's."""
+warpgroups; the unsplit epilogue staged in shared memory, with and without 16-byte output stores; K folded."""
 
 import torch
 
@@ -44,9 +43,6 @@ CASES = [
     # K folded into one warpgroup tile: two segments of an odd-row tile, and four where the last is all zero fill.
     (SplitKTactic(27, 8, 1, 5, 4, dependents_at_start=True, fold=2), 300, 1000, 5),
     (SplitKTactic(12, 16, 1, 3, 4, fold=4), 137, 520, 13),
-    # Activation pipelines shallower than the weight's: alone, and multicast with split K.
-    (SplitKTactic(56, 64, 1, 11, 2, activation_stages=3), 301, 1000, 50),
-    (SplitKTactic(64, 32, 2, 8, 1, 2, activation_stages=2), 200, 1544, 30),
 ]
 
 for tactic, n, k, batch in CASES:

@@ -2,8 +2,7 @@
 
 Each cell is ``NxK:M:tactic/tactic/...``, a tactic its numbers separated by
 commas (as in the tables; a trailing ``B`` puts the weight on wgmma's B side, a
-trailing ``E`` lets the next launch in as the tactic's starts, ``F2`` or ``F4`` folds K, ``A3`` keeps three
-activation stages).
+trailing ``E`` lets the next launch in as the tactic's starts, ``F2`` or ``F4`` folds K).
 Every tactic is checked against float64 on fresh random inputs with a
 NaN-poisoned output, then all of them and torch.matmul are timed interleaved
 (``timing.interleaved_time_us``), back to back and after a glue kernel. Like the
@@ -39,14 +38,13 @@ def parse_cell(text):
 
 def parse_tactic(text):
     """A tactic from its comma-separated numbers, then ``B`` for the weight as wgmma's B, ``E`` for
-    letting the next launch in as it starts, ``F`` with a fold for K folded and ``A`` with a count for
-    fewer activation stages."""
+    letting the next launch in as it starts and ``F`` with a fold for K folded."""
     parts = text.upper().split(",")
     flags = {flag: flag in parts for flag in ("B", "E")}
-    lettered = {letter: int(p[1:]) for p in parts for letter in ("F", "A") if p.startswith(letter)}
-    numbers = [int(p) for p in parts if p[0].isdigit()]
+    folds = [int(p[1:]) for p in parts if p.startswith("F")]
+    numbers = [int(p) for p in parts if p not in flags and not p.startswith("F")]
     numbers += [1] * (7 - len(numbers))  # k boxes, multicast, column groups default to 1
-    return as_tactic((*numbers, flags["B"], flags["E"], lettered.get("F", 1), lettered.get("A", 0)))
+    return as_tactic((*numbers, flags["B"], flags["E"], *folds))
 
 
 def time_cell(n, k, batch, tactics, one_output=False, without_programmatic_launch=False):

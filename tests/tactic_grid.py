@@ -87,22 +87,11 @@ GRID += [
     )
 ]
 
-# Activation pipelines shallower than the weight's: plain, an early launch, split K, multicast (remote releases of
-# the activation stages only), folded, the weight as B, two column groups, and a producer warpgroup that hands
-# its registers to three consumer warpgroups.
-GRID += [
-    SplitKTactic(56, 64, 1, 11, 2, activation_stages=3), SplitKTactic(64, 48, 1, 11, 2, 1, 1, False, True, 1, 2),
-    SplitKTactic(64, 16, 2, 9, 1, activation_stages=2), SplitKTactic(64, 64, 1, 12, 1, 2, activation_stages=3),
-    SplitKTactic(28, 16, 1, 6, 4, fold=2, activation_stages=2), SplitKTactic(112, 128, 1, 8, 1, 1, 1, True, False, 1, 3),
-    SplitKTactic(64, 256, 1, 6, 1, 1, 2, activation_stages=2), SplitKTactic(192, 256, 1, 3, 1, activation_stages=2),
-]
-
 
 def tactic_id(tactic: SplitKTactic) -> str:
     """A short test id: w<weight rows>-a<activation rows>-s<split>-st<stages>-kb<k boxes>-mc<multicast>-cg<column
-    groups>, then -wb where the weight is wgmma's B, -early where the next launch is let in as it starts,
-    -f<fold> where K is folded and -as<stages> where the activation pipeline is shallower."""
+    groups>, then -wb where the weight is wgmma's B, -early where the next launch is let in as it starts and
+    -f<fold> where K is folded."""
     return (f"w{tactic.weight_rows}-a{tactic.activation_rows}-s{tactic.split}-st{tactic.stages}"
             f"-kb{tactic.k_boxes}-mc{tactic.multicast}-cg{tactic.column_groups}{'-wb' if tactic.weight_as_b else ''}"
-            f"{'-early' if tactic.dependents_at_start else ''}{f'-f{tactic.fold}' if tactic.fold > 1 else ''}"
-            f"{f'-as{tactic.activation_stages}' if tactic.activation_stages else ''}")
+            f"{'-early' if tactic.dependents_at_start else ''}{f'-f{tactic.fold}' if tactic.fold > 1 else ''}")

@@ -220,8 +220,7 @@ def test_folded_tiles_fill_the_sms_in_one_warpgroup_tile_at_streaming_batches():
             assert [t.fold for t in offered] == folds[1 if batch < 64 else 64], f"{n} M={batch}"
             assert {t.weight_rows for t in offered} == {rows}
             assert all(t.valid and t.split == 1 and t.stages >= 3 and grid_ctas(t, n, batch) == ctas for t in offered)
-            assert all(t.weight_load_bytes + t.activation_load_bytes == t.fold * (rows + t.activation_rows) * t.tile_k * 2
-                       for t in offered)
+            assert all(t.stage_load_bytes == t.fold * (rows + t.activation_rows) * t.tile_k * 2 for t in offered)
     # Never where 64-row tiles already fill the SMs or at compute-bound batches; under a pinned order, the
     # folds that sum in it (a fold of 2 as a split of 2).
     assert not [t for t in candidate_tactics(7168, 3584, 1, limit=16) if t.fold > 1]

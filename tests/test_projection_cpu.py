@@ -158,14 +158,13 @@ def test_padded_weight_tile_loads_its_rows_into_whole_warpgroup_tiles():
     padded = SplitKTactic(56, 8, 1, 4, 2)
     assert padded.valid and padded.consumer_groups == 1 and padded.tile_mnk == (64, 8, 128)
     # Shared memory holds 64 rows per box; the TMA boxes (the barrier's byte count) carry 56.
-    assert padded.stage_bytes == (64 + 8) * 128 * 2
-    assert padded.weight_load_bytes + padded.activation_load_bytes == (56 + 8) * 128 * 2
+    assert padded.stage_bytes == (64 + 8) * 128 * 2 and padded.stage_load_bytes == (56 + 8) * 128 * 2
     assert SplitKTactic(160, 32, 1, 4).consumer_groups == 3
     assert SplitKTactic(60, 8, 1, 4).problems()[0].startswith("weight rows 60 not in")
     assert SplitKTactic(200, 8, 1, 4).problems()[0].startswith("weight rows 200 not in")
     # The weight as B is not padded: its tile is wgmma's N.
     as_b = SplitKTactic(56, 64, 1, 4, weight_as_b=True)
-    assert as_b.weight_smem_rows == 56 and as_b.stage_bytes == as_b.weight_load_bytes + as_b.activation_load_bytes
+    assert as_b.weight_smem_rows == 56 and as_b.stage_bytes == as_b.stage_load_bytes
     assert max_stages(56, 64, 1, weight_as_b=True) > max_stages(56, 64, 1)
 
 
