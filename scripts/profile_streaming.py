@@ -19,11 +19,14 @@ PROFILE_STREAMING=1):
 
 from profile_cells import OURS, command_line, launch_tactics, ncu_rows, number
 
+# The v24 tables' tactics at M = 48 and 64 next to M=1, and the same tiles with their activations multicast to two
+# weight tiles (which halves the activation reads from L2 and did not run faster: docs/performance.md, v25).
 CELLS = {
-    (6288, 7168, 1): ("64,8,1,6,2",),
-    (6288, 7168, 64): ("128,64,1,9,1,4", "128,64,1,9,1,1", "64,64,1,13", "96,64,1,11,B"),
-    (7168, 1536, 48): ("64,64,1,7", "128,48,1,10"),
-    (20480, 7168, 64): ("128,64,1,4", "128,64,1,9", "64,64,1,13"),
+    (7168, 14336, 1): ("56,8,1,6,4,E",),
+    (7168, 14336, 64): ("56,64,1,7,2", "56,64,1,7,2,2"),
+    (7168, 3584, 48): ("64,48,1,8,2,E",),
+    (7168, 3584, 64): ("56,64,1,7,2", "56,64,1,7,2,2"),
+    (3584, 7168, 64): ("32,64,1,7,2,E",),
 }
 COLUMNS = {  # heading: ncu metric (percentages of peak over the kernel's elapsed time)
     "us": "gpu__time_duration.sum",
