@@ -1,4 +1,4 @@
-"""The measurement scripts: speed-bar accounting, merging two tuned tables by benchmark, replacing shapes."""
+"""The measurement scripts: speed-bar accounting, merging two tuned tables by benchmark, replacing shapes, profile summaries."""
 
 import importlib.util
 import json
@@ -191,3 +191,23 @@ def test_time_tactics_parses_cells_and_flags():
     assert tactics[1].weight_as_b and (tactics[1].weight_rows, tactics[1].stages) == (96, 11)
     assert tactics[2] == SplitKTactic(56, 8, 1, 6, 4, dependents_at_start=True)
     assert tactics[3] == SplitKTactic(64, 8, 1, 6) and tactics[2].label == "(56,8,1,6,4,1,1,E)"
+
+
+def test_stall_sites_rank_each_launchs_instructions_by_samples(tmp_path, capsys, monkeypatch):
+    sites = load_script("stall_sites")
+    header = '"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","stall_long_sb","stall_wait"'
+    launch = [header, '"0x10","  HGMMA.64x64x16.F32.BF16 R24","10","64","0","9"',
+              '"0x20","  @!P0 BRA 0x10","30","64","30","0"']
+    text = "\n".join(["==PROF== Connected", '"Kernel Name","ours_a",', *launch, '"Kernel Name","ours_b",', *launch])
+    (tmp_path / "source.csv").write_text(text)
+    (tmp_path / "labels.txt").write_text("first\nsecond\n")
+    monkeypatch.setattr("sys.argv", ["stall_sites.py", str(tmp_path / "source.csv"), str(tmp_path / "labels.txt")])
+    sites.main()
+    out = capsys.readouterr().out
+    assert "first: 40 stall samples over 2 instructions" in out and "second:" in out
+    lines = [line for line in out.splitlines() if "%" in line]
+    assert "75.0%" in lines[0] and "BRA" in lines[0] and "long_sb 30" in lines[0]
+    assert "25.0%" in lines[1] and "wait 9" in lines[1]
+    (tmp_path / "labels.txt").write_text("only one\n")
+    with pytest.raises(SystemExit):
+        sites.main()
