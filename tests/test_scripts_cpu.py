@@ -1,4 +1,4 @@
-"""The measurement scripts: speed-bar accounting, merging two tuned tables by benchmark, replacing shapes, profile summaries."""
+"""The measurement scripts: speed bars, merging tuned tables by benchmark, replacing shapes, profile summaries."""
 
 import importlib.util
 import json
