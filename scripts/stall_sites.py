@@ -8,10 +8,10 @@ release stages too slowly. Profile the launches of scripts/profile_streaming.py
 (or any script that writes one label per launch of ours) with Nsight Compute's
 source counters, then summarize:
 
-    cd scripts && ncu --section SourceCounters --clock-control none --profile-from-start off \\
+    ncu --section SourceCounters --clock-control none --profile-from-start off \\
         -k regex:SplitKGemm --page source --csv --print-source sass \\
-        python3 profile_streaming.py --labels labels.txt > source.csv
-    python3 scripts/stall_sites.py scripts/source.csv scripts/labels.txt
+        python3 scripts/profile_streaming.py --labels labels.txt > source.csv
+    python3 scripts/stall_sites.py source.csv labels.txt
 """
 
 import argparse
