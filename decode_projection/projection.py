@@ -40,9 +40,8 @@ def compile_projection(tactic, output_dtype, arch, weight_dtype=torch.bfloat16, 
     return _compile(as_tactic(tactic), output_dtype, arch, weight_dtype, bool(programmatic_launch))
 
 
-@cache
-def _compile(tactic, output_dtype, arch, weight_dtype, programmatic_launch):
-    """compile_projection on normalized arguments (a tuple and its SplitKTactic share one entry)."""
+def kernel_arguments(weight_dtype, output_dtype) -> tuple:
+    """The symbolic arguments every projection kernel is compiled for: weight, activations, output, map, stream."""
     operand = WEIGHT_DTYPES[weight_dtype]
 
     def fake(dtype, *, output):
@@ -55,15 +54,22 @@ def _compile(tactic, output_dtype, arch, weight_dtype, programmatic_launch):
         align = dtype.width // 8 if output else TMA_ALIGN
         return make_fake_tensor(dtype, shape, stride, assumed_align=align)
 
+    return (
+        fake(operand, output=False),
+        fake(operand, output=False),
+        fake(OUTPUT_DTYPES[output_dtype], output=True),
+        cutlass.Int64(0),
+        make_fake_stream(),
+    )
+
+
+@cache
+def _compile(tactic, output_dtype, arch, weight_dtype, programmatic_launch):
+    """compile_projection on normalized arguments (a tuple and its SplitKTactic share one entry)."""
+
     def build():
-        args = (
-            fake(operand, output=False),
-            fake(operand, output=False),
-            fake(OUTPUT_DTYPES[output_dtype], output=True),
-            cutlass.Int64(0),
-            make_fake_stream(),
-        )
-        return cute.compile(SplitKGemm(tactic, programmatic_launch), *args, options=f"--gpu-arch={arch}")
+        return cute.compile(SplitKGemm(tactic, programmatic_launch), *kernel_arguments(weight_dtype, output_dtype),
+                            options=f"--gpu-arch={arch}")
 
     with _compile_lock:
         return cached_compile(build, tactic, str(output_dtype), str(weight_dtype), arch, programmatic_launch)

@@ -3,12 +3,13 @@
 import contextlib
 
 import cutlass
+import cutlass.cute as cute
 import pytest
 import torch
 
 from decode_projection import PreparedProjection, SplitKTactic, compile_projection, projection
 from decode_projection.sass import kernel_report
-from decode_projection.splitk import SplitKGemm
+from decode_projection.splitk import EVICT_LAST, SplitKGemm
 from decode_projection.tables import shipped_tables
 from decode_projection.tactic import as_tactic, max_stages
 
@@ -177,6 +178,20 @@ def test_which_epilogues_stage_the_output_tile():
     # Split K, small activation tiles and FP32 outputs store straight from the accumulators.
     assert not staged(SplitKTactic(64, 64, 3, 4)) and not staged(SplitKTactic(64, 16, 1, 4))
     assert not staged(SplitKTactic(64, 64, 1, 4), cutlass.Float32)
+
+
+def test_staged_stores_keep_the_output_in_l2(tmp_path):
+    """The staged epilogue's 16-byte stores carry the L2 policy EVICT_LAST: the output is the next kernel's input."""
+    arguments = projection.kernel_arguments(torch.bfloat16, torch.bfloat16)
+    cute.compile(SplitKGemm(SplitKTactic(56, 64, 1, 7, 2)), *arguments,
+                 options=f"--gpu-arch=sm_90a --keep-ptx --dump-dir={tmp_path}")
+    (ptx,) = tmp_path.glob("*.ptx")
+    lines = [line.strip().rstrip(";") for line in ptx.read_text().splitlines()]
+    hinted = [line for line in lines if line.startswith("st.global.L2::cache_hint.v4.b32")]
+    assert hinted, "no 16-byte output store with an L2 policy"
+    for store in hinted:
+        policy = store.split(",")[-1].strip()
+        assert f"mov.b64 \t{policy}, {EVICT_LAST}" in lines, f"{store}: its policy is not EVICT_LAST"
 
 
 def test_where_a_launch_lets_the_next_one_in():
