@@ -46,9 +46,10 @@ once. The kernel is shaped around that:
 * Without split K the epilogue stages 16-bit output tiles of 32 or more
   activation rows in the drained pipeline buffers and stores them 16 bytes per
   thread, whole 128-byte lines per warp (straight from wgmma's accumulators each
-  warp store touches four output rows, 2 bytes per thread), with EVICT_LAST:
-  the output is the next kernel's input, and its lines then outlast the
-  weight stream in L2.
+  warp store touches four output rows, 2 bytes per thread).
+* Every output store carries the L2 policy EVICT_LAST (staged, direct, folded
+  and split-K reduction epilogues alike): the output is the next kernel's
+  input, and its lines then outlast the weight stream in L2.
 """
 
 import math
@@ -369,7 +370,7 @@ class SplitKGemm:
                 for r in cutlass.range_constexpr(cute.size(acc)):
                     n, m = self.output_index(coords[r])
                     if self.stores(n, m, row0, col0, rows, cols):
-                        out[row0 + n, col0 + m, 0] = acc[r].to(out.element_type)
+                        self.store_kept_in_l2(out, row0 + n, col0 + m, acc[r].to(out.element_type))
             else:
                 self.reduce_across_cluster(acc, coords, rank, sharer, storage, out, row0, col0)
 
@@ -387,6 +388,18 @@ class SplitKGemm:
             inside = inside and n < self.tactic.weight_rows
         return inside
 
+    @cute.jit
+    def store_kept_in_l2(self, out, row, col, value):
+        """Store one element, ``out[row, col] = value`` (out's element type), with the L2 policy EVICT_LAST.
+
+        The output is the next kernel's input: every output store keeps its lines in L2 past the
+        weight stream (EVICT_FIRST), as the staged epilogue's 16-byte stores do.
+        """
+        element = out.iterator + cute.crd2idx((row, col, 0), out.layout)
+        # st.global with an L2 policy (nvvm.store_ext) takes no 16-bit float: store a bf16/fp16 as its bits.
+        word = cutlass.Int16 if cutlass.const_expr(out.element_type.width == 16) else out.element_type
+        nvvm.store_ext(value.bitcast(word).ir_value(), cute.recast_ptr(element, dtype=word), l2_cache_hint=EVICT_LAST)
+
     def stages_output(self, out_type) -> bool:
         """Whether the epilogue stages the output tile in shared memory (SplitKGemm.store_staged): unsplit
         tactics with 16-bit outputs and at least STAGED_STORE_ROWS activation rows, whose padded tile fits
@@ -401,10 +414,10 @@ class SplitKGemm:
         """Store the tile through shared memory: each thread writes 16 contiguous output bytes at a time.
 
         Straight from the accumulators a warp's store touches four output rows with
-        2 bytes per thread; staged, a warp writes whole 128-byte lines, with the L2
-        policy EVICT_LAST. The tile is laid out as ``out`` is (weight rows contiguous),
-        each activation row padded by STAGING_PAD elements so that a warp's staging
-        stores fall on distinct banks.
+        2 bytes per thread; staged, a warp writes whole 128-byte lines. Every store,
+        the ragged tail's element stores too, has the L2 policy EVICT_LAST. The tile
+        is laid out as ``out`` is (weight rows contiguous), each activation row padded
+        by STAGING_PAD elements so that a warp's staging stores fall on distinct banks.
         """
         t = self.tactic
         tidx, _, _ = cute.arch.thread_idx()
@@ -444,11 +457,11 @@ class SplitKGemm:
                 else:
                     for e in cutlass.range_constexpr(VECTOR):
                         if row0 + n + e < rows:
-                            out[row0 + n + e, col0 + m, 0] = staging[n + e, m]
+                            self.store_kept_in_l2(out, row0 + n + e, col0 + m, staging[n + e, m])
 
     @cute.jit
     def store_folded(self, acc, coords, storage, out, row0, col0):
-        """Sum each output's K-segment partials in segment order through shared memory, and store them.
+        """Sum each output's K-segment partials in segment order through shared memory, and store them (EVICT_LAST).
 
         Folded, A row ``segment * slot_rows + n`` times B row ``segment * activation_rows + m``
         is segment ``segment``'s partial of output (n, m); the products across segments are
@@ -476,7 +489,7 @@ class SplitKGemm:
                 total = partials[n, m, 0]
                 for segment in cutlass.range_constexpr(1, t.fold):
                     total = total + partials[n, m, segment]
-                out[row0 + n, col0 + m, 0] = total.to(out.element_type)
+                self.store_kept_in_l2(out, row0 + n, col0 + m, total.to(out.element_type))
 
     def sharing_layout(self):
         """Who fills whose pipeline stages, for the pipeline's release signals.
@@ -530,7 +543,7 @@ class SplitKGemm:
 
     @cute.jit
     def reduce_across_cluster(self, acc, coords, rank, sharer, storage, out, row0, col0):
-        """Sum the split partials through DSMEM in rank order; each rank stores a share.
+        """Sum the split partials through DSMEM in rank order; each rank stores a share (EVICT_LAST).
 
         Each thread's accumulators go in vectors of ``reduction_vector``; vector
         ``g`` is owned by rank ``g % split``: each CTA sends it with one ``st.async``
@@ -584,4 +597,4 @@ class SplitKGemm:
                     n, m = self.output_index(coords[g * width + j])
                     value = total[j].to(out.element_type)
                     if self.stores(n, m, row0, col0, rows, cols):
-                        out[row0 + n, col0 + m, 0] = value
+                        self.store_kept_in_l2(out, row0 + n, col0 + m, value)

@@ -1,6 +1,7 @@
 """CPU tests: argument validation, the code-only compile cache, and every tactic's SASS."""
 
 import contextlib
+import re
 
 import cutlass
 import cutlass.cute as cute
@@ -180,16 +181,32 @@ def test_which_epilogues_stage_the_output_tile():
     assert not staged(SplitKTactic(64, 64, 1, 4), cutlass.Float32)
 
 
-def test_staged_stores_keep_the_output_in_l2(tmp_path):
-    """The staged epilogue's 16-byte stores carry the L2 policy EVICT_LAST: the output is the next kernel's input."""
-    arguments = projection.kernel_arguments(torch.bfloat16, torch.bfloat16)
-    cute.compile(SplitKGemm(SplitKTactic(56, 64, 1, 7, 2)), *arguments,
-                 options=f"--gpu-arch=sm_90a --keep-ptx --dump-dir={tmp_path}")
+# One tactic per epilogue, and the global stores each must compile to: 16-bit scalars where the output is bf16
+# (the staged epilogue's ragged tail too), 32-bit with an FP32 output (which no epilogue stages).
+HINTED = "st.global.L2::cache_hint"
+EPILOGUES = [
+    pytest.param(SplitKTactic(56, 64, 1, 7, 2), torch.bfloat16, {f"{HINTED}.v4.b32", f"{HINTED}.b16"}, id="staged"),
+    pytest.param(SplitKTactic(64, 16, 1, 5, 4, dependents_at_start=True), torch.bfloat16, {f"{HINTED}.b16"},
+                 id="direct"),
+    pytest.param(SplitKTactic(56, 64, 1, 7, 2), torch.float32, {f"{HINTED}.b32"}, id="direct-fp32"),
+    pytest.param(SplitKTactic(28, 8, 1, 5, 4, dependents_at_start=True, fold=2), torch.bfloat16, {f"{HINTED}.b16"},
+                 id="folded"),
+    pytest.param(SplitKTactic(128, 8, 4, 13), torch.bfloat16, {f"{HINTED}.b16"}, id="split-k"),
+    pytest.param(SplitKTactic(64, 128, 2, 9, 1, 4), torch.float32, {f"{HINTED}.b32"}, id="split-k-multicast-fp32"),
+]
+
+
+@pytest.mark.parametrize("tactic, output_dtype, instructions", EPILOGUES)
+def test_every_output_store_keeps_the_output_in_l2(tmp_path, tactic, output_dtype, instructions):
+    """Every global store of the output carries the L2 policy EVICT_LAST: the output is the next kernel's input."""
+    arguments = projection.kernel_arguments(torch.bfloat16, output_dtype)
+    cute.compile(SplitKGemm(tactic), *arguments, options=f"--gpu-arch=sm_90a --keep-ptx --dump-dir={tmp_path}")
     (ptx,) = tmp_path.glob("*.ptx")
     lines = [line.strip().rstrip(";") for line in ptx.read_text().splitlines()]
-    hinted = [line for line in lines if line.startswith("st.global.L2::cache_hint.v4.b32")]
-    assert hinted, "no 16-byte output store with an L2 policy"
-    for store in hinted:
+    # The output is the kernel's only global store; a predicated store starts with its predicate.
+    stores = [line for line in lines if re.match(r"(@!?%p\d+\s+)?st\.global", line)]
+    assert {re.search(r"st\.global\S*", store).group() for store in stores} == instructions
+    for store in stores:
         policy = store.split(",")[-1].strip()
         assert f"mov.b64 \t{policy}, {EVICT_LAST}" in lines, f"{store}: its policy is not EVICT_LAST"
 
