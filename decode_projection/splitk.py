@@ -390,11 +390,7 @@ class SplitKGemm:
 
     @cute.jit
     def store_kept_in_l2(self, out, row, col, value):
-        """Store one element, ``out[row, col] = value`` (out's element type), with the L2 policy EVICT_LAST.
-
-        The output is the next kernel's input: every output store keeps its lines in L2 past the
-        weight stream (EVICT_FIRST), as the staged epilogue's 16-byte stores do.
-        """
+        """``out[row, col] = value`` with the L2 policy EVICT_LAST (the module docstring says why)."""
         element = out.iterator + cute.crd2idx((row, col, 0), out.layout)
         # st.global with an L2 policy (nvvm.store_ext) takes no 16-bit float: store a bf16/fp16 as its bits.
         word = cutlass.Int16 if cutlass.const_expr(out.element_type.width == 16) else out.element_type
