@@ -27,7 +27,7 @@ once. The kernel is shaped around that:
   256. A weight tile that need not be a multiple of 64 rows lets the grid fill
   the SMs (7168 rows: 64 tiles of 112 x 2 activation tiles = 128 CTAs, where
   64-row tiles give 112), the trade cuBLAS makes at these batches. On the
-  H200 it wins 7 compute-bound cells of the shipped table (M = 128, 256).
+  H200 it wins compute-bound cells of the shipped table (M = 96 to 256).
 * With the weight as A a weight tile may be any multiple of 8 rows: its
   shared-memory tile is whole 64-row warpgroup tiles, the rows past the TMA box
   are never loaded and their results never stored, so the grid can fill the
