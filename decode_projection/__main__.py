@@ -60,7 +60,8 @@ def render(cells, meta, args):
     print(describe(meta.get("clocks")))
     print(format_tables(cells))
     if args.markdown:
-        print("\n" + format_markdown(cells, policy=cells[0].policy))
+        for policy in dict.fromkeys(c.policy for c in cells):
+            print(f"\n{policy}:\n" + format_markdown(cells, policy=policy))
     if args.csv:
         write_csv(args.csv, cells)
     if args.json:

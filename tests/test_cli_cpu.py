@@ -60,3 +60,17 @@ def test_warm_refuses_without_a_disk_cache_or_with_no_workers(no_gpu, capsys, mo
     assert "disk cache is off" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["warm", "--workers", "0"])
+
+
+def test_markdown_of_a_saved_run_has_a_table_per_policy(capsys, tmp_path):
+    from decode_projection.bench import Cell, write_json
+
+    meta = {"gpu": "NVIDIA H200", "sm_count": 132, "torch": "2.11", "cuda": "13.0", "cutlass_dsl": "4.8.1",
+            "date": "2026-12-04", "method": "cold L2"}
+    cells = [Cell(2304, 1536, 1, policy, "table", (64, 8, 1, 8, 1, 1, 1, False, False, 1), us, 5.1, 3.4)
+             for policy, us in (("tuned", 3.0), ("batch-invariant", 3.2))]
+    write_json(tmp_path / "run.json", cells, meta)
+    assert main(["bench", "--from-json", str(tmp_path / "run.json"), "--markdown"]) == 0
+    printed = capsys.readouterr().out
+    assert "tuned:\n| N x K" in printed and "batch-invariant:\n| N x K" in printed
+    assert "| 2304 x 1536 | 7.1 | 3.4 | 3.0 / 5.1 |" in printed and "| 3.2 / 5.1 |" in printed
