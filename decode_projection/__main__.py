@@ -23,6 +23,18 @@ def shape(text):
     return n, k
 
 
+def pinned_order(text):
+    """``"3072x7168=2,1"`` -> ``((3072, 7168), (2, 1))``: a shape and its summation order (split, K boxes)."""
+    try:
+        weight, order = text.split("=")
+        split, k_boxes = (int(part) for part in order.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"an order must look like 3072x7168=2,1, got {text!r}") from None
+    if split < 1 or k_boxes not in (1, 2, 4):
+        raise argparse.ArgumentTypeError(f"split must be positive and K boxes 1, 2 or 4, got {text!r}")
+    return shape(weight), (split, k_boxes)
+
+
 def batch_list(text):
     """``"1,2,4"`` -> ``[1, 2, 4]``."""
     try:
@@ -131,14 +143,19 @@ def tune(args):
         print("Tuning times kernels and needs a Hopper GPU (H100/H200).", file=sys.stderr)
         return 2
     from .tables import read_entries, shipped_tables
+    from .tune import UnusableOrder
     from .tune import tune as run_tune
 
-    run_tune(args.shape, args.batches, weight_dtype=DTYPES[args.dtype], output_dtype=DTYPES[args.out_dtype],
-             limit=args.candidates, out_path=args.out, timings_path=args.timings,
-             invariant_limit=args.invariant_candidates if args.batch_invariant_out else None,
-             invariant_out_path=args.batch_invariant_out,
-             incumbents=None if args.ignore_shipped else shipped_tables(),
-             kept_entries=read_entries(args.out) if args.update else ())
+    try:
+        run_tune(args.shape, args.batches, weight_dtype=DTYPES[args.dtype], output_dtype=DTYPES[args.out_dtype],
+                 limit=args.candidates, out_path=args.out, timings_path=args.timings,
+                 invariant_limit=args.invariant_candidates if args.batch_invariant_out else None,
+                 invariant_out_path=args.batch_invariant_out,
+                 incumbents=None if args.ignore_shipped else shipped_tables(),
+                 kept_entries=read_entries(args.out) if args.update else (), pinned_orders=dict(args.invariant_order))
+    except UnusableOrder as error:
+        print(f"tune: {error}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -184,6 +201,9 @@ def main(argv=None):
                           help="also write a batch-invariant table (one split and K-box count per shape) here")
     run_tune.add_argument("--invariant-candidates", type=int, default=6,
                           help="tactics with the pinned summation order timed per cell (default: %(default)s)")
+    run_tune.add_argument("--invariant-order", type=pinned_order, action="append", default=[],
+                          help="NxK=split,kboxes (repeatable): the batch-invariant table's summation order for "
+                               "that shape, instead of the tuner's choice")
     run_tune.add_argument("--timings", help="also write every candidate's time as JSON")
     run_tune.add_argument("--ignore-shipped", action="store_true",
                           help="do not time the shipped tables' tactics next to the new candidates")
@@ -193,6 +213,12 @@ def main(argv=None):
     if args.command == "tune" and args.update and args.batch_invariant_out:
         parser.error("--update re-tunes some cells of a free table; a batch-invariant order needs every batch")
     args.shape = args.shape or list(KIMI_K3_SHAPES)
+    if args.command == "tune" and args.invariant_order:
+        if not args.batch_invariant_out:
+            parser.error("--invariant-order pins the batch-invariant table's order: give --batch-invariant-out")
+        stray = [f"{n}x{k}" for (n, k), _ in args.invariant_order if (n, k) not in args.shape]
+        if stray:
+            parser.error(f"--invariant-order for shapes this run does not tune: {', '.join(stray)}")
     if args.command in ("bench", "warm"):
         from .bench import LAUNCHES, POLICY_KINDS
 

@@ -27,7 +27,9 @@ timed (ORDER_PROBE_CANDIDATES per cell) at the batches the free candidates
 left it out, so that it can be chosen. The tactics with the chosen order are
 timed at every batch next to the free candidates, and each table keeps its
 own best; so a row is summed in the same order whatever the batch, and the
-free table may also pick an invariant candidate.
+free table may also pick an invariant candidate. An order can also be pinned
+per shape (``tune --invariant-order``), where a probe found a better one than
+the candidates let the rule see.
 
 Unclustered candidates with an SM to themselves and streaming activation
 tiles, in both passes, are also timed letting the next launch in as they start
@@ -120,6 +122,10 @@ class ShapeTimer:
         return [Timed(tactic, chained[tactic], alone[tactic]) for tactic in tactics]
 
 
+class UnusableOrder(ValueError):
+    """A pinned summation order that no tactic of some tuned cell sums in."""
+
+
 def shared_order(timed_by_batch: dict[int, list[Timed]]) -> tuple:
     """The summation order for every batch of a shape, among the orders timed at every batch.
 
@@ -186,16 +192,24 @@ def entry(n, k, batch, best: Timed, *, gpu, batch_invariant, weight_dtype, outpu
 
 def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfloat16, limit=8,
          invariant_limit=None, out_path=None, invariant_out_path=None, timings_path=None, incumbents=None,
-         kept_entries=()):
+         kept_entries=(), pinned_orders=None):
     """Tune every (shape, batch): ``(entries, invariant entries)``; the invariant table only when
     ``invariant_limit`` is set. Tables and every candidate's times (with the GPU's clocks while each
     shape was timed) are written as JSON where a path is given, after every shape, so an interrupted
     run keeps what it measured. ``incumbents`` (tables as ``load_table`` returns them) add their
     tactics for each cell to its candidates. ``kept_entries`` (a table's entries) are written to
-    ``out_path`` too, except the cells this run tunes."""
+    ``out_path`` too, except the cells this run tunes. ``pinned_orders`` ({(n, k): (split, k boxes)})
+    replace the invariant table's choice of order for those shapes."""
     started = time.perf_counter()
     batches = sorted(batches)
     gpu = gpu_spec(torch.cuda.current_device(), measure_clusters=True)
+    pinned_orders = dict(pinned_orders or {})
+    for (n, k), order in pinned_orders.items():
+        for b in batches:  # before any timing: a pinned order must have a tactic at every batch
+            try:
+                candidate_tactics(n, k, b, gpu, limit=1, order=order)
+            except ValueError as error:
+                raise UnusableOrder(str(error)) from None
     print(f"clusters of 1..{len(gpu.cluster_slots)} CTAs at once, one CTA per SM: {gpu.cluster_slots}")
     kinds = dict(weight_dtype=weight_dtype, output_dtype=output_dtype)
     timed, orders, settled = {}, {}, set()  # settled: shapes whose pinned-order candidates are timed
@@ -270,6 +284,8 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
                                    if t.invariance_verified} for n, k in shapes}
 
         def order_candidates(n, k, b):
+            if (n, k) in pinned_orders:  # nothing to choose between
+                return []
             timed_orders = {t.tactic.summation_order for t in timed[n, k, b]}
             found = []
             for order in sorted(winning_orders[n, k] - timed_orders):
@@ -280,7 +296,8 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
             return found
 
         run_pass({(n, k, b): order_candidates(n, k, b) for n, k in shapes for b in batches}, "tune orders")
-        orders.update({(n, k): shared_order({b: timed[n, k, b] for b in batches}) for n, k in shapes})
+        orders.update({(n, k): pinned_orders.get((n, k)) or shared_order({b: timed[n, k, b] for b in batches})
+                       for n, k in shapes})
 
         def pinned_candidates(n, k, b):
             pinned = candidate_tactics(n, k, b, gpu, limit=invariant_limit, order=orders[n, k])

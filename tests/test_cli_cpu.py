@@ -35,6 +35,11 @@ def test_tune_without_gpu_says_so(no_gpu, capsys, tmp_path):
     ["bench", "--launch", "pdl"],
     ["bench", "--dtype", "fp8"],
     ["tune", "--out", "t.json", "--update", "--batch-invariant-out", "i.json"],
+    ["tune", "--out", "t.json", "--invariant-order", "3072x7168=2,1"],
+    ["tune", "--out", "t.json", "--batch-invariant-out", "i.json", "--shape", "2112x7168",
+     "--invariant-order", "3072x7168=2,1"],
+    ["tune", "--out", "t.json", "--batch-invariant-out", "i.json", "--invariant-order", "3072x7168:2,1"],
+    ["tune", "--out", "t.json", "--batch-invariant-out", "i.json", "--invariant-order", "3072x7168=2,3"],
 ])
 def test_bad_arguments_exit_with_usage(argv, no_gpu):
     with pytest.raises(SystemExit) as exit_info:

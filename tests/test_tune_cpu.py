@@ -203,3 +203,22 @@ def test_the_invariant_order_keeps_streaming_batches_within_ten_percent_then_cos
     padded = tuning.Timed(SplitKTactic(56, 32, 1, 9, 2), 10.0, 10.0)
     assert padded.tactic.summation_order == (1, 2) and padded.tactic.invariance_verified
     assert tuning.shared_order({16: [padded, timed(2, 1, 12.0)], 32: [padded, timed(2, 1, 13.0)]}) == (1, 2)
+
+
+def test_a_pinned_order_replaces_the_rules_choice(fake_gpu, tmp_path):
+    shape, batches = (3072, 7168), [1, 16, 64, 128]
+    _, chosen = tuning.tune([shape], batches, limit=4, invariant_limit=3)
+    rule = {SplitKTactic(*e["tactic"]).summation_order for e in chosen}
+    pinned = next(order for order in [(2, 1), (4, 1), (1, 2)] if {order} != rule)
+    _, invariant = tuning.tune([shape], batches, limit=4, invariant_limit=3, pinned_orders={shape: pinned},
+                               invariant_out_path=tmp_path / "invariant.json")
+    assert {SplitKTactic(*e["tactic"]).summation_order for e in invariant} == {pinned}
+    assert len(invariant) == len(batches) and len(load_table(tmp_path / "invariant.json")) == 1
+
+
+def test_a_pinned_order_with_no_tactic_at_some_batch_fails_before_any_timing(fake_gpu, monkeypatch, tmp_path):
+    monkeypatch.setattr(tuning, "ShapeTimer", None)  # timing anything would fail
+    with pytest.raises(tuning.UnusableOrder, match="1536x128"):  # no cluster holds a split of 9
+        tuning.tune([(1536, 128)], [1, 8], limit=2, invariant_limit=2, pinned_orders={(1536, 128): (9, 1)},
+                    out_path=tmp_path / "free.json")
+    assert not (tmp_path / "free.json").exists()
