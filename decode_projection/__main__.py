@@ -7,6 +7,7 @@ import sys
 
 import torch
 
+from .tactic import K_BOXES
 from .workload import DECODE_BATCHES, KIMI_K3_SHAPES
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -30,8 +31,8 @@ def pinned_order(text):
         split, k_boxes = (int(part) for part in order.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"an order must look like 3072x7168=2,1, got {text!r}") from None
-    if split < 1 or k_boxes not in (1, 2, 4):
-        raise argparse.ArgumentTypeError(f"split must be positive and K boxes 1, 2 or 4, got {text!r}")
+    if split < 1 or k_boxes not in K_BOXES:
+        raise argparse.ArgumentTypeError(f"split must be positive and K boxes one of {K_BOXES}, got {text!r}")
     return shape(weight), (split, k_boxes)
 
 
@@ -106,7 +107,7 @@ def bench(args):
     with ClockLog(torch.cuda.current_device()) as clocks:
         cells = run_benchmark(args.shape, args.batches, kinds, weight_dtype=weight_dtype, output_dtype=output_dtype,
                               isolated=args.isolated, programmatic_launches=[LAUNCHES[name] for name in launches])
-    props = torch.cuda.get_device_properties(0)
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
     meta = {
         "gpu": props.name, "sm_count": props.multi_processor_count, "torch": torch.__version__,
         "cuda": torch.version.cuda, "cutlass_dsl": cutlass.__version__, "python": platform.python_version(),
@@ -195,11 +196,11 @@ def main(argv=None):
                           help="the kernels for projections prepared with programmatic_launch=False")
     run_tune = commands.add_parser("tune", help="tune tactics on this GPU and write a JSON table")
     common(run_tune)
-    run_tune.add_argument("--candidates", type=int, default=8, help="tactics timed per cell (default: %(default)s)")
+    run_tune.add_argument("--candidates", type=positive_int, default=8, help="tactics timed per cell (default: %(default)s)")
     run_tune.add_argument("--out", required=True, help="path of the JSON table to write")
     run_tune.add_argument("--batch-invariant-out",
                           help="also write a batch-invariant table (one split and K-box count per shape) here")
-    run_tune.add_argument("--invariant-candidates", type=int, default=6,
+    run_tune.add_argument("--invariant-candidates", type=positive_int, default=6,
                           help="tactics with the pinned summation order timed per cell (default: %(default)s)")
     run_tune.add_argument("--invariant-order", type=pinned_order, action="append", default=[],
                           help="NxK=split,kboxes (repeatable): the batch-invariant table's summation order for "
@@ -216,17 +217,19 @@ def main(argv=None):
     if args.command == "tune" and args.invariant_order:
         if not args.batch_invariant_out:
             parser.error("--invariant-order pins the batch-invariant table's order: give --batch-invariant-out")
-        stray = [f"{n}x{k}" for (n, k), _ in args.invariant_order if (n, k) not in args.shape]
+        pinned = [weight for weight, _ in args.invariant_order]
+        stray = [f"{n}x{k}" for n, k in pinned if (n, k) not in args.shape]
         if stray:
             parser.error(f"--invariant-order for shapes this run does not tune: {', '.join(stray)}")
+        if len(set(pinned)) < len(pinned):
+            parser.error("--invariant-order names a shape twice")
     if args.command in ("bench", "warm"):
         from .bench import LAUNCHES, POLICY_KINDS
 
         unknown = set(args.policies.split(",")) - set(POLICY_KINDS)
         if unknown:
             parser.error(f"unknown policies {sorted(unknown)}")
-    if args.command == "bench":
-        unknown = set(args.launch.split(",")) - set(LAUNCHES)
+        unknown = set(args.launch.split(",")) - set(LAUNCHES) if args.command == "bench" else set()
         if unknown:
             parser.error(f"unknown launches {sorted(unknown)}")
     return {"bench": bench, "warm": warm, "tune": tune}[args.command](args)

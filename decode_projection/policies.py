@@ -430,13 +430,14 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     chosen = [pick] + family_bests
     chosen += [t for t in ranked if t not in chosen]
     padded, folded, columns, weight_as_b = [], [], [], []
-    if activation_rows_for(batch) < COMPUTE_BOUND_ROWS:
+    activation_rows = activation_rows_for(batch)
+    if activation_rows < COMPUTE_BOUND_ROWS:
         padded = padded_tile_tactics(n, k, batch, gpu, order)[:PADDED_TILE_CANDIDATES]
         folded = folded_tactics(n, k, batch, gpu, order)[:FOLDED_CANDIDATES]
-    if activation_rows_for(batch) >= COMPUTE_BOUND_ROWS:
+    else:
         columns = [replace(t, column_groups=2) for t in chosen if t.weight_rows == WGMMA_ROWS]
         columns = [t for t in columns if t.valid][:COLUMN_GROUP_CANDIDATES]
-    if activation_rows_for(batch) >= WEIGHT_AS_B_ROWS and order is None:
+    if activation_rows >= WEIGHT_AS_B_ROWS and order is None:
         weight_as_b = filling_tactics(n, k, batch, gpu, weight_as_b=True)[:WEIGHT_AS_B_CANDIDATES]
     reserved = SHARED_LOAD_CANDIDATES + (WIDE_STAGE_CANDIDATES if order is None else 0) + len(padded) \
         + len(columns) + len(weight_as_b) + len(folded)

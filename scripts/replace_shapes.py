@@ -24,8 +24,14 @@ def main():
     replaced = {key_of(e) for e in tuned}
     kept = [e for e in entries if key_of(e) not in replaced]
     stamp = json.loads(Path(args.tuned).read_text())
-    write_table(args.table, kept + tuned, dsl_version=stamp["cutlass_dsl"], measured=stamp["measured"])
-    load_table(args.table)  # every tactic valid, one summation order per batch-invariant shape
+    merged = Path(args.table).with_suffix(".merged.json")
+    write_table(merged, kept + tuned, dsl_version=stamp["cutlass_dsl"], measured=stamp["measured"])
+    try:
+        load_table(merged)  # every tactic valid, one summation order per batch-invariant shape
+    except ValueError:
+        merged.unlink()  # the table stays as it was
+        raise
+    merged.replace(args.table)
     print(f"{args.table}: {len(replaced)} shapes replaced ({len(tuned)} cells), {len(kept)} cells kept")
 
 

@@ -133,6 +133,12 @@ def test_replace_shapes_swaps_whole_shapes_and_keeps_the_rest(tmp_path, monkeypa
     with pytest.raises(SystemExit):
         replace.main()
     assert json.loads(table.read_text()) == document
+    # A merge that would not load (a tactic no kernel can run) leaves the table as it was.
+    tuned.write_text(json.dumps({"format": 1, "cutlass_dsl": "4.8.1", "measured": "2026-12-03",
+                                 "entries": [entry(2112, 1, [65, 8, 4, 4, 1], invariant=True)]}))
+    with pytest.raises(ValueError, match="no longer valid"):
+        replace.main()
+    assert json.loads(table.read_text()) == document and sorted(tmp_path.iterdir()) == [table, tuned]
 
 
 def test_profile_summary_pairs_launches_with_labels(tmp_path, capsys):
