@@ -205,6 +205,25 @@ def test_the_invariant_order_keeps_streaming_batches_within_ten_percent_then_cos
     assert tuning.shared_order({16: [padded, timed(2, 1, 12.0)], 32: [padded, timed(2, 1, 13.0)]}) == (1, 2)
 
 
+def test_the_invariant_pick_keeps_a_streaming_batch_within_ten_percent_back_to_back():
+    # Two tactics sum in (1, 1): the best mean runs 18% over the free pick back to back, the other 5%.
+    free = tuning.Timed(SplitKTactic(56, 48, 1, 8, 2), 6.6, 8.8)
+    over = tuning.Timed(SplitKTactic(64, 48, 1, 8, 1), 7.8, 8.2)
+    within = tuning.Timed(SplitKTactic(128, 48, 1, 10, 1), 6.9, 9.2)
+    assert over.score < within.score and free.score < over.score
+    assert tuning.invariant_pick([free, over, within], (1, 1), 48) == within
+    # Where no tactic of the order stays within the allowance, the best mean; at a compute-bound batch too.
+    assert tuning.invariant_pick([free, over], (1, 1), 48) == over
+    assert tuning.invariant_pick([free, over, within], (1, 1), 256) == over
+    assert tuning.invariant_pick([free], (1, 1), 48) is None
+    # An order is judged by what its table would ship: with ``within`` (1, 1) keeps batch 48 inside the
+    # allowance, and then costs less than (2, 1); judged by its best mean it would have lost to (2, 1).
+    as_b = tuning.Timed(SplitKTactic(112, 128, 1, 4, weight_as_b=True), 6.6, 8.8)
+    split = tuning.Timed(SplitKTactic(128, 48, 2, 10, 1), 7.1, 9.9)
+    assert tuning.shared_order({48: [as_b, over, within, split], 256: [as_b, over, split]}) == (1, 1)
+    assert tuning.shared_order({48: [as_b, over, split], 256: [as_b, over, split]}) == (2, 1)
+
+
 def test_a_pinned_order_replaces_the_rules_choice(fake_gpu, tmp_path):
     shape, batches = (3072, 7168), [1, 16, 64, 128]
     _, chosen = tuning.tune([shape], batches, limit=4, invariant_limit=3)
