@@ -206,7 +206,7 @@ def format_markdown(cells, batches=(1, 16, 64, 256), policy="tuned") -> str:
     return "\n".join(lines)
 
 
-def rows(cells):
+def cell_dicts(cells):
     """Flat dicts for CSV/JSON."""
     return [
         {**asdict(c), "tactic": list(c.tactic), "tbps": round(c.tbps, 3),
@@ -231,7 +231,7 @@ def load_json(path):
 
 def write_csv(path, cells):
     """All cells as CSV."""
-    data = rows(cells)
+    data = cell_dicts(cells)
     with open(path, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(data[0]))
         writer.writeheader()
@@ -241,7 +241,7 @@ def write_csv(path, cells):
 def write_json(path, cells, meta):
     """All cells and the run's metadata as JSON (gzipped where the path ends in ``.gz``)."""
     with (gzip.open if str(path).endswith(".gz") else open)(path, "wt") as handle:
-        json.dump({"meta": meta, "cells": rows(cells)}, handle, indent=1)
+        json.dump({"meta": meta, "cells": cell_dicts(cells)}, handle, indent=1)
 
 
 def plot(path, cells, title):
@@ -253,8 +253,8 @@ def plot(path, cells, title):
 
     shapes = list(dict.fromkeys((c.n, c.k) for c in cells))
     columns = min(4, len(shapes))
-    rows_ = math.ceil(len(shapes) / columns)
-    figure, axes = plt.subplots(rows_, columns, figsize=(4 * columns, 3.2 * rows_), squeeze=False)
+    grid_rows = math.ceil(len(shapes) / columns)
+    figure, axes = plt.subplots(grid_rows, columns, figsize=(4 * columns, 3.2 * grid_rows), squeeze=False)
     for ax, (n, k) in zip(axes.flat, shapes):
         shape_cells = [c for c in cells if (c.n, c.k) == (n, k)]
         for kind in dict.fromkeys(c.policy for c in shape_cells):

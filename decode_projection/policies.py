@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from .tables import TableKey, dtype_name, table_policies, table_summation_order
 from .tactic import (
     ACTIVATION_ROWS, ACTIVATION_ROWS_AS_A, BARRIER_BYTES, BOX_K, FOLDS, K_BOXES, MULTICASTS, PORTABLE_CLUSTER, SPLITS,
     WEIGHT_ROWS, WEIGHT_ROWS_AS_A, WEIGHT_ROWS_AS_B, WGMMA_ROWS, SplitKTactic, as_tactic, max_stages,
@@ -57,7 +58,7 @@ class GpuSpec:
     name: str
     sm_count: int
     smem_per_sm: int
-    hbm_bytes_per_us: float  # measured streaming-read ceiling
+    hbm_bytes_per_us: float  # streaming-read ceiling: the H200's measured one for every GPU (gpu_spec)
     # Clusters of 1, 2, ... CTAs resident at once, one CTA per SM (scripts/cluster_residency.py):
     # a cluster's CTAs share a GPC, so fewer fit than SMs / size. Unmeasured: SMs / size.
     cluster_slots: tuple[int, ...] = ()
@@ -155,15 +156,15 @@ def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTa
     tile. Among timed tactics this rule lost 8% to the best (geometric mean over
     59 cells), the fill-the-SMs rule before it 45%.
     """
-    shapes = [
+    grids = [
         SplitKTactic(rows, acts, split, 2)
         for acts in activation_tile_choices(batch)
         for rows in HEURISTIC_WEIGHT_ROWS
         for split in HEURISTIC_SPLITS
         if split <= largest_split(k)
     ]
-    options = [(grid_ctas(t, n, batch), t.activation_rows, t.split, t.weight_rows) for t in shapes]
-    one_wave = [o for t, o in zip(shapes, options) if waves(t, n, batch, gpu) == 1]
+    options = [(grid_ctas(t, n, batch), t.activation_rows, t.split, t.weight_rows) for t in grids]
+    one_wave = [o for t, o in zip(grids, options) if waves(t, n, batch, gpu) == 1]
     if one_wave:
         _, acts, split, rows = max(one_wave, key=lambda o: (o[0], o[1], -o[2], o[3] <= n, o[3]))
     else:  # no grid fits: the fewest CTAs, with the same preferences
@@ -291,10 +292,11 @@ def filling_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, weight_a
     if weight_as_b:
         # At streaming batches one 64-row tile covers the batch; a wider one would only add zero rows.
         compute_bound = activation_rows_for(batch) >= COMPUTE_BOUND_ROWS
-        tiles, most_rows = (ACTIVATION_ROWS_AS_A if compute_bound else ACTIVATION_ROWS_AS_A[:1]), WEIGHT_ROWS_AS_B[-1]
+        activation_tiles = ACTIVATION_ROWS_AS_A if compute_bound else ACTIVATION_ROWS_AS_A[:1]
+        most_rows = WEIGHT_ROWS_AS_B[-1]
     else:
-        tiles, most_rows = [activation_rows_for(batch)], WEIGHT_ROWS_AS_A[-1]
-    for acts in tiles:
+        activation_tiles, most_rows = [activation_rows_for(batch)], WEIGHT_ROWS_AS_A[-1]
+    for acts in activation_tiles:
         m_tiles = math.ceil(batch / acts)
         for split in [s for s in SPLITS if s <= largest_split(k)]:
             tiles_per_wave = gpu.clusters_at_once(split) // m_tiles
@@ -466,7 +468,6 @@ def early_dependents_tactics(tactics, gpu: GpuSpec = H200) -> list[SplitKTactic]
 def resolve_policies(n, k, batches, *, gpu: GpuSpec, weight_dtype, output_dtype, batch_invariant=False,
                      use_tables=True):
     """``({batch: tactic}, {batch: "table" | "heuristic"})``: tuned entries where a table matches."""
-    from .tables import TableKey, dtype_name, table_policies, table_summation_order
 
     tuned, order = {}, None
     if use_tables:

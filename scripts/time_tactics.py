@@ -2,7 +2,7 @@
 
 Each cell is ``NxK:M:tactic/tactic/...``, a tactic its numbers separated by
 commas (as in the tables; a trailing ``B`` puts the weight on wgmma's B side, a
-trailing ``E`` lets the next launch in as the tactic's starts, ``F2`` or ``F4`` folds K).
+trailing ``E`` lets the next launch in as the tactic starts, ``F2`` or ``F4`` folds K).
 Every tactic is checked against float64 on fresh random inputs with a
 NaN-poisoned output, then all of them and torch.matmul are timed interleaved
 (``timing.interleaved_time_us``), back to back and after a glue kernel. Like the
@@ -43,6 +43,8 @@ def parse_tactic(text):
     flags = {flag: flag in parts for flag in ("B", "E")}
     folds = [int(p[1:]) for p in parts if p.startswith("F")]
     numbers = [int(p) for p in parts if p not in flags and not p.startswith("F")]
+    if not 4 <= len(numbers) <= 7:
+        raise argparse.ArgumentTypeError(f"a tactic has 4 to 7 numbers, got {text!r}")
     numbers += [1] * (7 - len(numbers))  # k boxes, multicast, column groups default to 1
     return as_tactic((*numbers, flags["B"], flags["E"], *folds))
 
