@@ -196,17 +196,6 @@ def pinned_tactic(n: int, k: int, batch: int, order, gpu: GpuSpec = H200) -> Spl
     return next((t for t in valid if t.stages >= MIN_STAGES), valid[0])
 
 
-def default_policies(n, k, batches, *, device=None, output_dtype=torch.bfloat16, batch_invariant=False):
-    """A valid tactic for every padded batch, from the GPU's SM count and the shape.
-
-    ``output_dtype`` does not change the choice today (the epilogue is a small
-    part of the time); it is accepted so callers can pass what they prepare.
-    """
-    del output_dtype
-    gpu = gpu_spec(device)
-    return {b: default_tactic(n, k, b, gpu, batch_invariant=batch_invariant) for b in batches}
-
-
 def ctas_per_sm(tactic: SplitKTactic, gpu: GpuSpec = H200) -> int:
     """How many CTAs of ``tactic`` shared memory lets one SM hold at once."""
     return max(1, gpu.smem_per_sm // (tactic.smem_bytes + RESERVED_SMEM_PER_CTA))

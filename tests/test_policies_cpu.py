@@ -9,7 +9,7 @@ import torch
 
 from decode_projection import policies, tables
 from decode_projection.policies import (
-    COMPUTE_BOUND_ROWS, H200, activation_rows_for, activation_tile_choices, candidate_tactics, default_policies,
+    COMPUTE_BOUND_ROWS, H200, activation_rows_for, activation_tile_choices, candidate_tactics,
     default_tactic, early_dependents_tactics, filling_tactics, grid_ctas, predicted_time_us, resolve_policies, waves, with_k_boxes,
 )
 from decode_projection.tactic import SplitKTactic
@@ -39,7 +39,7 @@ PINNED = [
 @pytest.mark.parametrize("shape,at1,at16,at64,at256", PINNED, ids=[f"{n}x{k}" for (n, k), *_ in PINNED])
 def test_heuristic_picks_are_pinned(shape, at1, at16, at64, at256):
     n, k = shape
-    picks = default_policies(n, k, (1, 16, 64, 256))
+    picks = {b: default_tactic(n, k, b) for b in (1, 16, 64, 256)}
     assert picks == {1: SplitKTactic(*at1), 16: SplitKTactic(*at16), 64: SplitKTactic(*at64), 256: SplitKTactic(*at256)}
 
 
@@ -63,7 +63,7 @@ def test_every_pick_is_valid_and_covers_its_batch(shape):
 
 @pytest.mark.parametrize("shape", list(KIMI_K3_SHAPES))
 def test_batch_invariant_heuristic_keeps_one_split(shape):
-    picks = default_policies(*shape, range(1, 257), batch_invariant=True)
+    picks = {b: default_tactic(*shape, b, batch_invariant=True) for b in range(1, 257)}
     assert len({t.split for t in picks.values()}) == 1
     assert len({t.weight_rows for t in picks.values()}) == 1
 
