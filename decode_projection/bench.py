@@ -19,7 +19,8 @@ from tqdm import tqdm
 
 from .ceiling import stream_read
 from .checks import Reference
-from .policies import gpu_spec, resolve_policies
+from .gpu import gpu_spec
+from .policies import resolve_policies
 from .projection import PreparedProjection
 from .runtime import architecture
 from .tactic import as_tactic

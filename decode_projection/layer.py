@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .policies import gpu_spec, resolve_policies
+from .gpu import gpu_spec
+from .policies import resolve_policies
 from .projection import WEIGHT_DTYPES, PreparedProjection
 from .runtime import architecture
 

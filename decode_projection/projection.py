@@ -18,7 +18,8 @@ import torch
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
 from .disk_cache import cached_compile
-from .policies import gpu_spec, resolve_policies
+from .gpu import gpu_spec
+from .policies import resolve_policies
 from .runtime import architecture, current_stream, tensor_maps, to_cute
 from .splitk import SplitKGemm
 from .tactic import BOX_K, as_tactic

@@ -1,7 +1,7 @@
 """Autotuner: time the cost model's best candidates on the GPU and keep the fastest.
 
 For each (N, K, padded batch) the tuner takes the heuristic's pick plus the
-tactics the cost model ranks best (``candidate_tactics``), checks each one's
+tactics the cost model ranks best (``candidates.candidate_tactics``), checks each one's
 output against a float64 reference (judged against torch.matmul's own error)
 before it may win, and times the cell's candidates with cold L2 and CUDA-graph
 replay, interleaved round by round as the benchmark times them, twice: back to
@@ -59,7 +59,9 @@ from tqdm import tqdm
 
 from .checks import Reference
 from .clocks import ClockLog
-from .policies import COMPUTE_BOUND_ROWS, activation_rows_for, candidate_tactics, early_dependents_tactics, gpu_spec
+from .candidates import candidate_tactics, early_dependents_tactics
+from .gpu import gpu_spec
+from .policies import COMPUTE_BOUND_ROWS, activation_rows_for
 from .projection import PreparedProjection
 from .runtime import architecture
 from .tactic import SplitKTactic

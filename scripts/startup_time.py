@@ -18,7 +18,8 @@ import time
 CHILD = """
 import time, torch
 started = time.perf_counter()
-from decode_projection.policies import H200, resolve_policies
+from decode_projection.gpu import H200
+from decode_projection.policies import resolve_policies
 from decode_projection.projection import PreparedProjection, compile_projection
 from decode_projection.workload import DECODE_BATCHES, KIMI_K3_SHAPES
 imported = time.perf_counter()

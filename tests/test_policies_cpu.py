@@ -1,4 +1,4 @@
-"""CPU tests: the heuristic's picks (pinned), the cost-model candidates, and tuned tables as data."""
+"""CPU tests: the heuristic's picks (pinned), the tuner's candidates, and tuned tables as data."""
 
 import json
 import math
@@ -7,10 +7,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from decode_projection import policies, tables
+from decode_projection import candidates, policies, tables
+from decode_projection.candidates import candidate_tactics, early_dependents_tactics, filling_tactics, with_k_boxes
+from decode_projection.gpu import H200, GpuSpec, device_index
 from decode_projection.policies import (
-    COMPUTE_BOUND_ROWS, H200, activation_rows_for, activation_tile_choices, candidate_tactics,
-    default_tactic, early_dependents_tactics, filling_tactics, grid_ctas, predicted_time_us, resolve_policies, waves, with_k_boxes,
+    COMPUTE_BOUND_ROWS, activation_rows_for, activation_tile_choices, default_tactic, grid_ctas, predicted_time_us,
+    resolve_policies, waves,
 )
 from decode_projection.tactic import SplitKTactic
 from decode_projection.workload import DECODE_BATCHES, KIMI_K3_SHAPES
@@ -106,7 +108,7 @@ def test_table_round_trip_and_lookup(tmp_path, monkeypatch):
     assert found[1] == SplitKTactic(64, 8, 2, 25) and sources == {1: "table", 16: "heuristic"}
     assert found[16] == default_tactic(2112, 7168, 16)
     # Another GPU, dtype or shape never borrows this table.
-    other = policies.GpuSpec("NVIDIA H100 80GB HBM3", 132, H200.smem_per_sm, 3.0e6)
+    other = GpuSpec("NVIDIA H100 80GB HBM3", 132, H200.smem_per_sm, 3.0e6)
     _, sources = resolve_policies(2112, 7168, [1], gpu=other, weight_dtype=torch.bfloat16, output_dtype=torch.bfloat16)
     assert sources == {1: "heuristic"}
     _, sources = resolve_policies(2112, 7168, [1], gpu=H200, weight_dtype=torch.bfloat16, output_dtype=torch.float32)
@@ -167,7 +169,7 @@ def test_wide_stage_candidates_keep_shared_memory_and_cover_k():
         for batch in (1, 64):
             found = candidate_tactics(n, k, batch, limit=12)
             wide = [t for t in found if t.k_boxes > 1]
-            assert all(t.valid and policies.fills_every_rank(t, k) for t in wide)
+            assert all(t.valid and candidates.fills_every_rank(t, k) for t in wide)
             if k >= 1536:
                 assert wide, f"{n}x{k} M={batch}: no wide stages timed"
     narrow = SplitKTactic(64, 8, 2, 25)
@@ -295,9 +297,9 @@ def test_free_table_may_hold_what_invariant_tables_may_not(tmp_path):
 
 
 def test_device_index_accepts_ints_strings_and_devices():
-    assert policies.device_index(3) == 3
-    assert policies.device_index("cuda:1") == 1
-    assert policies.device_index(torch.device("cuda", 2)) == 2
+    assert device_index(3) == 3
+    assert device_index("cuda:1") == 1
+    assert device_index(torch.device("cuda", 2)) == 2
 
 
 def test_waves_count_whole_clusters_per_gpc():

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from decode_projection import tune as tuning
-from decode_projection.policies import H200, predicted_time_us
+from decode_projection.gpu import H200
+from decode_projection.policies import predicted_time_us
 from decode_projection.tactic import SplitKTactic
 from decode_projection.tables import TableKey, load_table, read_entries
 

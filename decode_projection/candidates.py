@@ -1,0 +1,239 @@
+"""The tuner's candidates: the few tactics per cell worth timing on the GPU.
+
+The tactic space has hundreds of valid points per (N, K, batch); the cost model
+(``policies.predicted_time_us``) ranks them, and each group below reserves slots
+for what the model cannot tell apart and only timing can: stage widths,
+multicast activations, SM-filling padded or folded weight tiles, two warpgroups
+splitting a compute-bound activation tile, the weight as wgmma's B, and letting
+the next launch in as a launch starts.
+"""
+
+import math
+from dataclasses import replace
+
+from .gpu import H200, GpuSpec
+from .policies import (
+    COMPUTE_BOUND_ROWS, HEURISTIC_WEIGHT_ROWS, MIN_STAGES, MOST_CTAS_PER_SM, RESERVED_SMEM_PER_CTA,
+    activation_rows_for, activation_tile_choices, ctas_per_sm, default_tactic, largest_split, predicted_time_us,
+    waves,
+)
+from .tactic import (
+    ACTIVATION_ROWS_AS_A, BARRIER_BYTES, FOLDS, K_BOXES, MULTICASTS, SPLITS, WEIGHT_ROWS, WEIGHT_ROWS_AS_A,
+    WEIGHT_ROWS_AS_B, WGMMA_ROWS, SplitKTactic, max_stages,
+)
+
+WIDE_STAGE_CANDIDATES = 4  # slots for 2- and 4-box variants of the best one-box tactics
+SHARED_LOAD_CANDIDATES = 2  # slots for the best tactic with its activations multicast to 2 and 4 tiles
+SHARED_LOAD_ROWS = 32  # activation tiles from here on cost enough L2 traffic to share
+COLUMN_GROUP_CANDIDATES = 2  # slots for the best 64-row tactics with two warpgroups splitting the activations
+WEIGHT_AS_B_CANDIDATES = 4  # slots for the best tactics with the weight as wgmma's B, sized to fill the SMs
+PADDED_TILE_CANDIDATES = 3  # slots for SM-filling weight-as-A tiles padded to whole warpgroups (padded_tile_tactics)
+FOLDED_CANDIDATES = 2  # slots for SM-filling tiles with K folded into one warpgroup tile (folded_tactics)
+# From these activation rows on the weight as B is worth timing: at M=64 its SM-filling tiles beat every
+# weight-as-A tactic on the largest weights by 3-4% (6288 x 7168: 48 x 64 tiles, 131 CTAs; 20480 x 7168:
+# 160 x 64, 128 CTAs), where 64 activation rows do 64 FLOP per weight byte (docs/performance.md, v17).
+WEIGHT_AS_B_ROWS = 32
+# Unclustered tactics with an SM to themselves and streaming tiles (fewer than COMPUTE_BOUND_ROWS activation rows)
+# are also timed letting the next launch in as they start (SplitKTactic.dependents_at_start). On the H200 that won
+# 0.95 us back to back with 8-16 activation rows and 0.75 us with staged tiles (medians of 211 and 124 pairs) on
+# weights of 40 MB and more, and lost up to 7 us on some (docs/performance.md, v22); where two or more CTAs fit on
+# an SM it lost 2-24 us there (v21). Timing decides, for this many.
+EARLY_DEPENDENTS_CANDIDATES = 3
+
+
+def pool_tactics(batch, k, gpu: GpuSpec = H200, *, order=None):
+    """Every tactic worth timing for one batch: each tile and split, at the deepest
+    pipeline that lets 1 to MOST_CTAS_PER_SM CTAs share an SM (so a grid can fit in one wave).
+
+    One box per stage unless ``order`` = (split, k boxes) pins both.
+    """
+    splits = [order[0]] if order is not None else [s for s in SPLITS if s <= largest_split(k)]
+    k_boxes = order[1] if order is not None else 1
+    pool = set()
+    for acts in activation_tile_choices(batch):
+        # Three warpgroups only pay where the tensor cores bound the time.
+        for rows in [r for r in WEIGHT_ROWS if r in HEURISTIC_WEIGHT_ROWS or acts >= COMPUTE_BOUND_ROWS]:
+            for s in splits:
+                for resident in range(1, MOST_CTAS_PER_SM + 1):
+                    probe = SplitKTactic(rows, acts, s, 1, k_boxes)
+                    budget = gpu.smem_per_sm // resident - RESERVED_SMEM_PER_CTA - BARRIER_BYTES
+                    stages = min(max_stages(rows, acts, s, k_boxes), budget // probe.stage_bytes)
+                    tactic = SplitKTactic(rows, acts, s, stages, k_boxes)
+                    if stages >= MIN_STAGES and tactic.valid:
+                        pool.add(tactic)
+    return pool
+
+
+def filling_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, weight_as_b: bool) -> list[SplitKTactic]:
+    """Tactics whose weight tiles are sized to fill the SMs: for each activation tile and split,
+    the narrowest tile of a multiple of 8 rows whose grid of whole clusters fits in the fewest
+    waves, at the deepest pipeline. The best predicted without split K and with it come first
+    (the model has not been fitted to these tactics), then the rest by prediction.
+
+    64-row weight tiles leave SMs idle where N / 64 tiles do not divide the SMs (7168 rows fill
+    112 of 132); a tile of any multiple of 8 rows can fill them (128 tiles of 56). With the
+    weight as B the activations are wgmma's A, one or two 64-row tiles; with the weight as A
+    its tile is padded to whole warpgroups in shared memory (``SplitKTactic.weight_smem_rows``).
+    """
+    found = []
+    if weight_as_b:
+        # At streaming batches one 64-row tile covers the batch; a wider one would only add zero rows.
+        compute_bound = activation_rows_for(batch) >= COMPUTE_BOUND_ROWS
+        activation_tiles = ACTIVATION_ROWS_AS_A if compute_bound else ACTIVATION_ROWS_AS_A[:1]
+        most_rows = WEIGHT_ROWS_AS_B[-1]
+    else:
+        activation_tiles, most_rows = [activation_rows_for(batch)], WEIGHT_ROWS_AS_A[-1]
+    for acts in activation_tiles:
+        m_tiles = math.ceil(batch / acts)
+        for split in [s for s in SPLITS if s <= largest_split(k)]:
+            tiles_per_wave = gpu.clusters_at_once(split) // m_tiles
+            if tiles_per_wave == 0:
+                continue
+            wave = 1
+            while (rows := 8 * math.ceil(n / (8 * wave * tiles_per_wave))) > most_rows:
+                wave += 1
+            stages = max_stages(rows, acts, split, weight_as_b=weight_as_b)
+            tactic = SplitKTactic(rows, acts, split, stages, weight_as_b=weight_as_b)
+            if tactic.stages >= MIN_STAGES and tactic.valid:
+                found.append(tactic)
+    found.sort(key=lambda t: (predicted_time_us(n, k, batch, t, gpu), str(t)))
+    leaders = [t for t in (next((t for t in found if t.split == 1), None),
+                           next((t for t in found if t.split > 1), None)) if t is not None]
+    return leaders + [t for t in found if t not in leaders]
+
+
+def padded_tile_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, order=None) -> list[SplitKTactic]:
+    """SM-filling weight-as-A tiles that are not whole warpgroups: the unsplit one in stages of 4
+    and 2 boxes (at its deepest one-box pipeline where neither fits, as at K=128), then the best
+    split one; where ``order`` pins (split, K boxes), the best one with that split in stages of
+    that many boxes.
+
+    Wide stages, not the deepest one-box pipeline: with 25 one-box stages the
+    padded tile was the fastest back to back on 6288 x 7168 and 7168 x 14336 at
+    M=1 but 2-4 us slower after glue; the same boxes in flight in stages of 2 or
+    4 boxes kept its back-to-back time and lost little after glue (H200,
+    docs/performance.md, v18).
+    """
+    found = [t for t in filling_tactics(n, k, batch, gpu, weight_as_b=False)
+             if t.weight_smem_rows > t.weight_rows]
+    if order is not None:
+        split, k_boxes = order
+        pinned = [with_k_boxes(t, k_boxes) for t in found if t.split == split]
+        return [t for t in pinned if t.valid and t.stages >= 2 and fills_every_rank(t, k)][:1]
+    unsplit = [t for t in found if t.split == 1][:1]
+    wide = [with_k_boxes(t, boxes) for t in unsplit for boxes in reversed(K_BOXES[1:])]
+    wide = [t for t in wide if t.valid and t.stages >= 2 and fills_every_rank(t, k)]
+    return (wide or unsplit) + [t for t in found if t.split > 1][:1]
+
+
+def folded_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, order=None) -> list[SplitKTactic]:
+    """Unsplit tiles narrow enough to fill the SMs in one wave with K folded into one warpgroup tile, at
+    streaming batches, in stages of 4 boxes, then 2, then 1 (at the deepest pipeline, if it holds MIN_STAGES,
+    where every K segment gets two stages or more); within each, the fold whose slots the tile fills best
+    first. Where ``order`` pins (split, K boxes), those that sum in it (a fold sums as the split of as many).
+
+    A padded tile of 28 rows keeps 28/64 of its shared memory's weight bytes in flight and a split
+    one pays the reduction; folded, 3584 rows on 128 SMs keep 56/64 in flight and sum in the CTA.
+    """
+    acts = activation_rows_for(batch)
+    tiles_per_wave = gpu.sm_count // math.ceil(batch / acts)
+    if acts >= COMPUTE_BOUND_ROWS or tiles_per_wave == 0:
+        return []
+    rows = math.ceil(n / tiles_per_wave)
+    found = []
+    for boxes in reversed(K_BOXES):
+        for fold in sorted(FOLDS[1:], reverse=True):
+            stages = max_stages(rows, acts, 1, boxes, fold=fold)
+            tactic = SplitKTactic(rows, acts, 1, stages, boxes, fold=fold)
+            # Two stages of 4 boxes ran 3x slower on the H200 (42 against 15 us at M=64): one stage in flight.
+            if tactic.valid and tactic.stages >= MIN_STAGES and math.ceil(math.ceil(k / tactic.tile_k) / fold) >= 2:
+                found.append(tactic)
+    return [t for t in found if order is None or t.summation_order == tuple(order)]
+
+
+def with_k_boxes(tactic: SplitKTactic, k_boxes: int) -> SplitKTactic:
+    """``tactic`` with ``k_boxes`` boxes per stage and the same boxes in flight (so no more shared memory)."""
+    return replace(tactic, k_boxes=k_boxes, stages=tactic.stages * tactic.k_boxes // k_boxes)
+
+
+def fits_like(tactic: SplitKTactic, base: SplitKTactic, n: int, batch: int, gpu: GpuSpec = H200) -> bool:
+    """False when ``tactic``'s grid needs more waves of one CTA per SM than ``base``'s."""
+    return waves(tactic, n, batch, gpu) <= waves(base, n, batch, gpu)
+
+
+def fills_every_rank(tactic: SplitKTactic, k: int) -> bool:
+    """Every split rank gets at least two stages of K (the last one included)."""
+    tiles = math.ceil(k / tactic.tile_k)
+    per_rank = math.ceil(tiles / tactic.split)
+    return tiles >= 2 * tactic.split and (tactic.split - 1) * per_rank < tiles
+
+
+def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
+    """Up to ``limit`` valid tactics: the heuristic's pick, the cost model's best of each
+    (weight rows, activation rows, split) family, then its best overall.
+
+    The first slots go to those (all but the ones the groups below reserve:
+    SHARED_LOAD_CANDIDATES, WIDE_STAGE_CANDIDATES where no order is pinned, and as
+    many as the padded, folded, column-group and weight-as-B groups hold). Up to
+    WIDE_STAGE_CANDIDATES of the slots after them go to 2- and 4-box variants of the
+    first two (the model cannot tell stage widths apart: only timing can), unless
+    ``order`` pins the split and K boxes; up to SHARED_LOAD_CANDIDATES to the first
+    with its activation tile multicast to 2 and 4 weight tiles, from
+    SHARED_LOAD_ROWS activation rows on (multicast never changes the sums), unless
+    rounding the tiles up to whole groups would push a one-wave grid into a second;
+    at streaming batches up to PADDED_TILE_CANDIDATES to SM-filling weight tiles
+    that are not whole warpgroups (``padded_tile_tactics``; under a pinned order,
+    one of that order: a padded tile sums as the whole tile does), and up to
+    FOLDED_CANDIDATES to SM-filling tiles with K folded (``folded_tactics``; under a
+    pinned order, those of a fold that sums in it); at compute-bound batches up to
+    COLUMN_GROUP_CANDIDATES to the best 64-row tactics with two consumer
+    warpgroups splitting the activation tile (the model
+    cannot tell how busy they keep the tensor pipe: only timing can); and from
+    WEIGHT_AS_B_ROWS activation rows on up to WEIGHT_AS_B_CANDIDATES to tactics with
+    the weight as wgmma's B, unless ``order`` pins the summation order (the GPU
+    tests verify batch invariance for the weight as A only). The groups fill the
+    list in that order and what passes ``limit`` is dropped: at compute-bound
+    batches the reserved slots alone exceed 8 (the H200 tables were tuned with 12 to
+    16).
+    """
+    pick = default_tactic(n, k, batch, gpu, order=order)
+    # Ties go to the deeper pipeline: they arise where every CTA has an SM to
+    # itself, and there the deepest pipeline was faster in 60% of the timed pairs.
+    ranked = sorted(pool_tactics(batch, k, gpu, order=order) - {pick},
+                    key=lambda t: (predicted_time_us(n, k, batch, t, gpu), -t.stages * t.k_boxes, str(t)))
+    family_bests = list({(t.weight_rows, t.activation_rows, t.split): t for t in reversed(ranked)}.values())
+    family_bests.sort(key=ranked.index)
+    chosen = [pick] + family_bests
+    chosen += [t for t in ranked if t not in chosen]
+    padded, folded, columns, weight_as_b = [], [], [], []
+    activation_rows = activation_rows_for(batch)
+    if activation_rows < COMPUTE_BOUND_ROWS:
+        padded = padded_tile_tactics(n, k, batch, gpu, order)[:PADDED_TILE_CANDIDATES]
+        folded = folded_tactics(n, k, batch, gpu, order)[:FOLDED_CANDIDATES]
+    else:
+        columns = [replace(t, column_groups=2) for t in chosen if t.weight_rows == WGMMA_ROWS]
+        columns = [t for t in columns if t.valid][:COLUMN_GROUP_CANDIDATES]
+    if activation_rows >= WEIGHT_AS_B_ROWS and order is None:
+        weight_as_b = filling_tactics(n, k, batch, gpu, weight_as_b=True)[:WEIGHT_AS_B_CANDIDATES]
+    reserved = SHARED_LOAD_CANDIDATES + (WIDE_STAGE_CANDIDATES if order is None else 0) + len(padded) \
+        + len(columns) + len(weight_as_b) + len(folded)
+    base = chosen[: max(1, limit - reserved)]
+    wide = []
+    if order is None:
+        wide = [with_k_boxes(t, boxes) for t in base[:2] for boxes in K_BOXES[1:] if t.k_boxes == 1]
+        wide = [t for t in wide if t.valid and fills_every_rank(t, k) and t not in base]
+    shared = []
+    if base[0].activation_rows >= SHARED_LOAD_ROWS:
+        shared = [replace(base[0], multicast=group) for group in MULTICASTS[1:]]
+        shared = [t for t in shared if t.valid and fits_like(t, base[0], n, batch, gpu)]
+    rest = [t for t in chosen if t not in base]
+    return (base + wide + shared + padded + folded + columns + weight_as_b + rest)[:limit]
+
+
+def early_dependents_tactics(tactics, gpu: GpuSpec = H200) -> list[SplitKTactic]:
+    """The first EARLY_DEPENDENTS_CANDIDATES of ``tactics`` that may let the next launch in as they start
+    (unclustered, one CTA per SM, weight as A, streaming activation tiles), doing so."""
+    eligible = [replace(t, dependents_at_start=True) for t in tactics
+                if t.split * t.multicast == 1 and not t.weight_as_b and t.activation_rows < COMPUTE_BOUND_ROWS
+                and ctas_per_sm(t, gpu) == 1]
+    return list(dict.fromkeys(t for t in eligible if t not in tactics))[:EARLY_DEPENDENTS_CANDIDATES]
