@@ -65,7 +65,7 @@ def hopper_available():
 
 def render(cells, meta, args):
     """Print the tables and write the requested CSV, JSON and plot."""
-    from .bench import format_markdown, format_tables, plot, write_csv, write_json
+    from .report import format_markdown, format_tables, plot, write_csv, write_json
     from .clocks import describe
 
     print(f"{meta['gpu']} ({meta['sm_count']} SMs), torch {meta['torch']}, CUDA {meta['cuda']}, "
@@ -85,7 +85,8 @@ def render(cells, meta, args):
 
 def bench(args):
     """Time the workload, or compile it and report when there is no Hopper GPU."""
-    from .bench import LAUNCHES, load_json, run_benchmark
+    from .bench import LAUNCHES, run_benchmark
+    from .report import load_json
 
     if args.from_json:
         render(*load_json(args.from_json), args)

@@ -17,7 +17,7 @@ import argparse
 import json
 from collections import defaultdict
 
-from decode_projection.bench import read_document
+from decode_projection.report import read_document
 from decode_projection.tactic import SplitKTactic
 from decode_projection.tables import load_table
 

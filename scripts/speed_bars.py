@@ -22,7 +22,7 @@ import math
 import statistics
 from collections import defaultdict
 
-from decode_projection.bench import read_document
+from decode_projection.report import read_document
 from decode_projection.tune import INVARIANT_EXCESS  # batch-invariant over tuned time, per cell, M <= 64
 
 LAST_STREAMING_BATCH = 64  # bars 1-3 hold up to here, bar 4 above

@@ -68,7 +68,8 @@ def test_warm_refuses_without_a_disk_cache_or_with_no_workers(no_gpu, capsys, mo
 
 
 def test_markdown_of_a_saved_run_has_a_table_per_policy(capsys, tmp_path):
-    from decode_projection.bench import Cell, write_json
+    from decode_projection.bench import Cell
+    from decode_projection.report import write_json
 
     meta = {"gpu": "NVIDIA H200", "sm_count": 132, "torch": "2.11", "cuda": "13.0", "cutlass_dsl": "4.8.1",
             "date": "2026-12-04", "method": "cold L2"}

@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from decode_projection import PreparedProjection, SplitKTactic
-from decode_projection.bench import format_tables, run_benchmark
+from decode_projection.bench import run_benchmark
 from decode_projection.checks import assert_close_to_reference
+from decode_projection.report import format_tables
 from decode_projection.tables import load_table
 from decode_projection.tune import tune
 from decode_projection.workload import KIMI_K3_SHAPES
