@@ -203,6 +203,112 @@ def entry(n, k, batch, winner: Timed, *, gpu, batch_invariant, weight_dtype, out
     }
 
 
+class Tuner:
+    """One tuning run: every candidate timed so far, and the tables and timings written from them."""
+
+    def __init__(self, shapes, batches, *, weight_dtype, output_dtype, out_path, invariant_out_path, timings_path,
+                 kept_entries):
+        self.shapes, self.batches = shapes, batches
+        self.gpu = gpu_spec(torch.cuda.current_device(), measure_clusters=True)
+        self.arch = architecture(torch.device("cuda", torch.cuda.current_device()))
+        self.kinds = dict(weight_dtype=weight_dtype, output_dtype=output_dtype)
+        self.out_path, self.invariant_out_path, self.timings_path = out_path, invariant_out_path, timings_path
+        self.kept_entries = kept_entries
+        self.timed = {}  # (n, k, batch): every candidate timed there, in every pass
+        self.orders = {}  # (n, k): the batch-invariant table's summation order
+        self.settled = set()  # shapes whose chosen order's candidates are timed
+        self.clocks = {}  # (n, k): what the GPU ran at while each pass timed the shape
+
+    def best(self, cell) -> Timed:
+        """The free table's pick: the best mean of the two launch contexts."""
+        return min(self.timed[cell], key=lambda t: t.score)
+
+    def run_pass(self, candidates, description, done=None):
+        """Time ``candidates`` ({(n, k, batch): [tactic]}) shape by shape, writing everything after each."""
+        # Every candidate compiled up front, in parallel, so timing never waits on the compiler.
+        compile_all((t, self.kinds["output_dtype"], self.arch, self.kinds["weight_dtype"])
+                    for found in candidates.values() for t in found)
+        with tqdm(total=sum(map(len, candidates.values())), desc=description, unit="tactic") as progress:
+            for n, k in self.shapes:
+                # The invariant pass may find every candidate of the chosen order timed already at a cell.
+                batches = [b for b in self.batches if candidates[n, k, b]]
+                if batches:
+                    timer = ShapeTimer(n, k, **self.kinds)
+                    # Sampled per shape: a long tune heats the GPU, and a clock drop shows up here.
+                    with ClockLog(torch.cuda.current_device()) as log:
+                        for b in batches:
+                            self.timed.setdefault((n, k, b), []).extend(timer.time(b, candidates[n, k, b], progress))
+                    self.clocks.setdefault((n, k), []).append(log.summary())
+                    del timer  # frees this shape's weight copies before the next shape allocates its own
+                if done is not None:
+                    done.add((n, k))
+                if batches:
+                    self.write()
+
+    def write(self):
+        """Write the tables and timings measured so far; ``(entries, invariant entries)``."""
+        stamp = dict(dsl_version=cutlass.__version__, measured=datetime.date.today().isoformat())
+        stamped = dict(gpu=self.gpu, **self.kinds)
+        entries = [entry(*cell, self.best(cell), batch_invariant=False, **stamped) for cell in self.timed]
+        if self.out_path is not None:
+            tuned = {(key_of(e), e["batch"]) for e in entries}
+            kept = [e for e in self.kept_entries if (key_of(e), e["batch"]) not in tuned]
+            write_table(self.out_path, kept + entries, **stamp)
+        invariant = [
+            entry(n, k, b, invariant_pick(found, self.orders[n, k], b), batch_invariant=True, **stamped)
+            for (n, k, b), found in self.timed.items() if (n, k) in self.settled
+        ]
+        if self.invariant_out_path is not None and invariant:
+            write_table(self.invariant_out_path, invariant, **stamp)
+        if self.timings_path is not None:
+            rows = [{"n": n, "k": k, "batch": b,
+                     "timed": [[list(astuple(t.tactic)), round(t.chained_us, 3), round(t.alone_us, 3)]
+                               for t in found],
+                     "clocks": self.clocks.get((n, k), [])}
+                    for (n, k, b), found in self.timed.items()]
+            Path(self.timings_path).write_text(json.dumps(rows, indent=0) + "\n")
+        return entries, invariant
+
+    def report_clocks(self):
+        """Print the lowest SM clock any shape was timed at, and the highest power drawn."""
+        sampled = [(summary, shape) for shape, passes in self.clocks.items() for summary in passes
+                   if summary.get("samples")]
+        if sampled:
+            slowest, (n, k) = min(sampled, key=lambda found: found[0]["sm_mhz_median"])
+            print(f"lowest median SM clock while timing a shape: {slowest['sm_mhz_median']:.0f} MHz ({n}x{k}); "
+                  f"up to {max(summary['power_w_max'] for summary, _ in sampled):.0f} W")
+
+
+def free_candidates(n, k, batch, gpu, *, limit, incumbents, kinds) -> list[SplitKTactic]:
+    """The cost model's best, the incumbents, and the early twins of both."""
+    fresh = candidate_tactics(n, k, batch, gpu, limit=limit)
+    kept = incumbent_tactics(incumbents, n, k, batch, gpu, **kinds) if incumbents else []
+    found = fresh + [t for t in kept if t not in fresh]
+    # The incumbents first: the tactics that already won are the likeliest to win letting the next launch in.
+    return found + [t for t in early_dependents_tactics(kept + fresh, gpu) if t not in found]
+
+
+def order_candidates(n, k, batch, gpu, *, timed, winning) -> list[SplitKTactic]:
+    """A few tactics of each order in ``winning`` that the cell has not timed yet."""
+    timed_orders = {t.tactic.summation_order for t in timed}
+    found = []
+    for order in sorted(winning - timed_orders):
+        try:
+            found += candidate_tactics(n, k, batch, gpu, limit=ORDER_PROBE_CANDIDATES, order=order)
+        except ValueError:  # no tactic sums in that order at this batch: the order cannot be shared
+            pass
+    return found
+
+
+def chosen_order_candidates(n, k, batch, gpu, *, order, limit, timed) -> list[SplitKTactic]:
+    """The best tactics summing in ``order`` and their early twins, less those already timed."""
+    chosen = candidate_tactics(n, k, batch, gpu, limit=limit, order=order)
+    # Letting the next launch in early does not change the sums: the twins keep the order.
+    found = chosen + early_dependents_tactics(chosen, gpu)
+    already = {done.tactic for done in timed}
+    return [t for t in found if t not in already]
+
+
 def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfloat16, limit=8,
          invariant_limit=None, out_path=None, invariant_out_path=None, timings_path=None, incumbents=None,
          kept_entries=(), pinned_orders=None):
@@ -217,7 +323,9 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
         raise ValueError("pinned orders are the batch-invariant table's: set invariant_limit")
     started = time.perf_counter()
     batches = sorted(batches)
-    gpu = gpu_spec(torch.cuda.current_device(), measure_clusters=True)
+    tuner = Tuner(shapes, batches, weight_dtype=weight_dtype, output_dtype=output_dtype, out_path=out_path,
+                  invariant_out_path=invariant_out_path, timings_path=timings_path, kept_entries=kept_entries)
+    gpu = tuner.gpu
     pinned_orders = dict(pinned_orders or {})
     for (n, k), order in pinned_orders.items():
         for b in batches:  # before any timing: a pinned order must have a tactic at every batch
@@ -226,106 +334,30 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
             except ValueError as error:
                 raise UnusableOrder(str(error)) from None
     print(f"clusters of 1..{len(gpu.cluster_slots)} CTAs at once, one CTA per SM: {gpu.cluster_slots}")
-    kinds = dict(weight_dtype=weight_dtype, output_dtype=output_dtype)
-    timed, orders, settled = {}, {}, set()  # settled: shapes whose chosen order's candidates are timed
-    clocks = {}  # (n, k): what the GPU ran at while each pass timed the shape
-    stamped = dict(gpu=gpu, **kinds)
+    cells = [(n, k, b) for n, k in shapes for b in batches]
 
-    def best(found):
-        return min(found, key=lambda t: t.score)
-
-    def write():
-        stamp = dict(dsl_version=cutlass.__version__, measured=datetime.date.today().isoformat())
-        entries = [entry(*cell, best(found), batch_invariant=False, **stamped) for cell, found in timed.items()]
-        if out_path is not None:
-            tuned = {(key_of(e), e["batch"]) for e in entries}
-            kept = [e for e in kept_entries if (key_of(e), e["batch"]) not in tuned]
-            write_table(out_path, kept + entries, **stamp)
-        invariant = [
-            entry(n, k, b, invariant_pick(found, orders[n, k], b), batch_invariant=True, **stamped)
-            for (n, k, b), found in timed.items() if (n, k) in settled
-        ]
-        if invariant_out_path is not None and invariant:
-            write_table(invariant_out_path, invariant, **stamp)
-        if timings_path is not None:
-            rows = [{"n": n, "k": k, "batch": b,
-                     "timed": [[list(astuple(t.tactic)), round(t.chained_us, 3), round(t.alone_us, 3)]
-                               for t in found],
-                     "clocks": clocks.get((n, k), [])}
-                    for (n, k, b), found in timed.items()]
-            Path(timings_path).write_text(json.dumps(rows, indent=0) + "\n")
-        return entries, invariant
-
-    arch = architecture(torch.device("cuda", torch.cuda.current_device()))
-
-    def run_pass(candidates, description, done=None):
-        # Every candidate compiled up front, in parallel, so timing never waits on the compiler.
-        compile_all((t, output_dtype, arch, weight_dtype) for found in candidates.values() for t in found)
-        with tqdm(total=sum(map(len, candidates.values())), desc=description, unit="tactic") as progress:
-            for n, k in shapes:
-                if not any(candidates[n, k, b] for b in batches):
-                    # No candidates left for this shape in this pass.
-                    if done is not None:
-                        done.add((n, k))
-                    continue
-                timer = ShapeTimer(n, k, **kinds)
-                # Sampled per shape: a long tune heats the GPU, and a clock drop shows up here.
-                with ClockLog(torch.cuda.current_device()) as log:
-                    # The invariant pass may find every candidate of the chosen order timed already at a cell.
-                    for b in (b for b in batches if candidates[n, k, b]):
-                        timed.setdefault((n, k, b), []).extend(timer.time(b, candidates[n, k, b], progress))
-                clocks.setdefault((n, k), []).append(log.summary())
-                del timer  # frees this shape's weight copies before the next shape allocates its own
-                if done is not None:
-                    done.add((n, k))
-                write()
-
-    def first_candidates(n, k, b):
-        fresh = candidate_tactics(n, k, b, gpu, limit=limit)
-        kept = incumbent_tactics(incumbents, n, k, b, gpu, **kinds) if incumbents else []
-        found = fresh + [t for t in kept if t not in fresh]
-        # The incumbents first: the tactics that already won are the likeliest to win letting the next launch in.
-        return found + [t for t in early_dependents_tactics(kept + fresh, gpu) if t not in found]
-
-    run_pass({(n, k, b): first_candidates(n, k, b) for n, k in shapes for b in batches}, "tune")
+    tuner.run_pass({(n, k, b): free_candidates(n, k, b, gpu, limit=limit, incumbents=incumbents, kinds=tuner.kinds)
+                    for n, k, b in cells}, "tune")
     if invariant_limit is not None:
         # An order can only be shared if it was timed at every batch: give each order that won a streaming batch
         # a chance where the free candidates did not time it (6288 x 7168's 48-row orders won every batch up to
         # 64, were never timed at 96 and up, and the order chosen instead lost there; docs/performance.md, v23).
+        # A pinned order needs no choosing.
         streaming = [b for b in batches if activation_rows_for(b) < COMPUTE_BOUND_ROWS]
-        winning_orders = {(n, k): {t.summation_order for t in (best(timed[n, k, b]).tactic for b in streaming)
-                                   if t.invariance_verified} for n, k in shapes}
-
-        def order_candidates(n, k, b):
-            if (n, k) in pinned_orders:  # nothing to choose between
-                return []
-            timed_orders = {t.tactic.summation_order for t in timed[n, k, b]}
-            found = []
-            for order in sorted(winning_orders[n, k] - timed_orders):
-                try:
-                    found += candidate_tactics(n, k, b, gpu, limit=ORDER_PROBE_CANDIDATES, order=order)
-                except ValueError:  # no tactic sums in that order at this batch: the order cannot be shared
-                    pass
-            return found
-
-        run_pass({(n, k, b): order_candidates(n, k, b) for n, k in shapes for b in batches}, "tune orders")
-        orders.update({(n, k): pinned_orders.get((n, k)) or shared_order({b: timed[n, k, b] for b in batches})
-                       for n, k in shapes})
-
-        def chosen_order_candidates(n, k, b):
-            chosen = candidate_tactics(n, k, b, gpu, limit=invariant_limit, order=orders[n, k])
-            # Letting the next launch in early does not change the sums: the twins keep the order.
-            found = chosen + early_dependents_tactics(chosen, gpu)
-            already = {done.tactic for done in timed[n, k, b]}
-            return [t for t in found if t not in already]
-
-        run_pass({(n, k, b): chosen_order_candidates(n, k, b) for n, k in shapes for b in batches},
-                 "tune batch-invariant", done=settled)
-    entries, invariant = write()
+        winning = {(n, k): set() if (n, k) in pinned_orders else
+                   {t.summation_order for t in (tuner.best((n, k, b)).tactic for b in streaming)
+                    if t.invariance_verified}
+                   for n, k in shapes}
+        tuner.run_pass({(n, k, b): order_candidates(n, k, b, gpu, timed=tuner.timed[n, k, b], winning=winning[n, k])
+                        for n, k, b in cells}, "tune orders")
+        tuner.orders.update({
+            (n, k): pinned_orders.get((n, k)) or shared_order({b: tuner.timed[n, k, b] for b in batches})
+            for n, k in shapes
+        })
+        tuner.run_pass({(n, k, b): chosen_order_candidates(n, k, b, gpu, order=tuner.orders[n, k],
+                                                           limit=invariant_limit, timed=tuner.timed[n, k, b])
+                        for n, k, b in cells}, "tune batch-invariant", done=tuner.settled)
+    entries, invariant = tuner.write()
     print(f"tuned {len(shapes)} shapes x {len(batches)} batches in {time.perf_counter() - started:.0f} s")
-    sampled = [(summary, shape) for shape, passes in clocks.items() for summary in passes if summary.get("samples")]
-    if sampled:
-        slowest, (n, k) = min(sampled, key=lambda found: found[0]["sm_mhz_median"])
-        print(f"lowest median SM clock while timing a shape: {slowest['sm_mhz_median']:.0f} MHz ({n}x{k}); "
-              f"up to {max(summary['power_w_max'] for summary, _ in sampled):.0f} W")
+    tuner.report_clocks()
     return entries, invariant
