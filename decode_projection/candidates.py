@@ -1,11 +1,33 @@
 """The tuner's candidates: the few tactics per cell worth timing on the GPU.
 
 The tactic space has hundreds of valid points per (N, K, batch); the cost model
-(``policies.predicted_time_us``) ranks them, and each group below reserves slots
-for what the model cannot tell apart and only timing can: stage widths,
-multicast activations, SM-filling padded or folded weight tiles, two warpgroups
-splitting a compute-bound activation tile, the weight as wgmma's B, and letting
-the next launch in as a launch starts.
+(``policies.predicted_time_us``) ranks them, and groups of reserved slots hold
+what the model cannot tell apart and only timing can. ``candidate_tactics``
+fills its list in this order and drops what passes its limit (at compute-bound
+batches the reserved slots alone exceed 8: the H200 tables were tuned with 12 to 16):
+
+1. The heuristic's pick, the cost model's best of each (weight rows, activation
+   rows, split) family, then its best overall: every slot the groups below do
+   not reserve.
+2. WIDE_STAGE_CANDIDATES 2- and 4-box variants of the first two, unless an order
+   pins the split and K boxes.
+3. SHARED_LOAD_CANDIDATES: the first with its activation tile multicast to 2 and 4
+   weight tiles, from SHARED_LOAD_ROWS activation rows on (multicast never changes
+   the sums), unless rounding the tiles up to whole groups would push a one-wave
+   grid into a second.
+4. At streaming batches, PADDED_TILE_CANDIDATES SM-filling weight tiles that are not
+   whole warpgroups (``padded_tile_tactics``; under a pinned order one of that
+   order: a padded tile sums as the whole tile does) and FOLDED_CANDIDATES with K
+   folded (``folded_tactics``; under a pinned order, a fold that sums in it).
+5. At compute-bound batches, COLUMN_GROUP_CANDIDATES of the best 64-row tactics
+   with two consumer warpgroups splitting the activation tile (how busy they keep
+   the tensor pipe is for timing to tell).
+6. From WEIGHT_AS_B_ROWS activation rows on, WEIGHT_AS_B_CANDIDATES with the
+   weight as wgmma's B, unless an order is pinned (the GPU tests verify batch
+   invariance for the weight as A only).
+
+The tuner adds the twins of some that let the next launch in as they start
+(``early_dependents_tactics``).
 """
 
 import math
@@ -42,11 +64,8 @@ EARLY_DEPENDENTS_CANDIDATES = 3
 
 
 def pool_tactics(batch, k, gpu: GpuSpec = H200, *, order=None):
-    """Every tactic worth timing for one batch: each tile and split, at the deepest
-    pipeline that lets 1 to MOST_CTAS_PER_SM CTAs share an SM (so a grid can fit in one wave).
-
-    One box per stage unless ``order`` = (split, k boxes) pins both.
-    """
+    """Each tile and split at the deepest pipeline that lets 1 to MOST_CTAS_PER_SM CTAs share an SM (so a
+    grid can fit in one wave), in one-box stages unless ``order`` = (split, k boxes) pins both."""
     splits = [order[0]] if order is not None else [s for s in SPLITS if s <= largest_split(k)]
     k_boxes = order[1] if order is not None else 1
     pool = set()
@@ -65,16 +84,11 @@ def pool_tactics(batch, k, gpu: GpuSpec = H200, *, order=None):
 
 
 def filling_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, weight_as_b: bool) -> list[SplitKTactic]:
-    """Tactics whose weight tiles are sized to fill the SMs: for each activation tile and split,
-    the narrowest tile of a multiple of 8 rows whose grid of whole clusters fits in the fewest
-    waves, at the deepest pipeline. The best predicted without split K and with it come first
-    (the model has not been fitted to these tactics), then the rest by prediction.
-
-    64-row weight tiles leave SMs idle where N / 64 tiles do not divide the SMs (7168 rows fill
-    112 of 132); a tile of any multiple of 8 rows can fill them (128 tiles of 56). With the
-    weight as B the activations are wgmma's A, one or two 64-row tiles; with the weight as A
-    its tile is padded to whole warpgroups in shared memory (``SplitKTactic.weight_smem_rows``).
-    """
+    """Per activation tile and split, the narrowest weight tile of 8k rows whose grid fills the fewest waves."""
+    # 64-row weight tiles leave SMs idle where N / 64 tiles do not divide the SMs (7168 rows fill 112 of 132);
+    # a tile of any multiple of 8 rows can fill them (128 tiles of 56). With the weight as B the activations
+    # are wgmma's A, one or two 64-row tiles; with the weight as A its tile is padded to whole warpgroups in
+    # shared memory (SplitKTactic.weight_smem_rows).
     found = []
     if weight_as_b:
         # At streaming batches one 64-row tile covers the batch; a wider one would only add zero rows.
@@ -96,6 +110,7 @@ def filling_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, weight_a
             tactic = SplitKTactic(rows, acts, split, stages, weight_as_b=weight_as_b)
             if tactic.stages >= MIN_STAGES and tactic.valid:
                 found.append(tactic)
+    # The best predicted without split K and with it first (the model was not fitted to these tactics).
     found.sort(key=lambda t: (predicted_time_us(n, k, batch, t, gpu), str(t)))
     leaders = [t for t in (next((t for t in found if t.split == 1), None),
                            next((t for t in found if t.split > 1), None)) if t is not None]
@@ -103,17 +118,11 @@ def filling_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, weight_a
 
 
 def padded_tile_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, order=None) -> list[SplitKTactic]:
-    """SM-filling weight-as-A tiles that are not whole warpgroups: the unsplit one in stages of 4
-    and 2 boxes (at its deepest one-box pipeline where neither fits, as at K=128), then the best
-    split one; where ``order`` pins (split, K boxes), the best one with that split in stages of
-    that many boxes.
-
-    Wide stages, not the deepest one-box pipeline: with 25 one-box stages the
-    padded tile was the fastest back to back on 6288 x 7168 and 7168 x 14336 at
-    M=1 but 2-4 us slower after glue; the same boxes in flight in stages of 2 or
-    4 boxes kept its back-to-back time and lost little after glue (H200,
-    docs/performance.md, v18).
-    """
+    """SM-filling weight-as-A tiles that are not whole warpgroups: the unsplit one in 4- and 2-box stages
+    (else one-box, as at K=128), then the best split one; under ``order``, the best of its split and boxes."""
+    # Wide stages, not the deepest one-box pipeline: with 25 one-box stages the padded tile was the fastest
+    # back to back on 6288 x 7168 and 7168 x 14336 at M=1 but 2-4 us slower after glue; the same boxes in
+    # flight in stages of 2 or 4 boxes kept its back-to-back time and lost little after glue (v18).
     found = [t for t in filling_tactics(n, k, batch, gpu, weight_as_b=False)
              if t.weight_smem_rows > t.weight_rows]
     if order is not None:
@@ -127,14 +136,11 @@ def padded_tile_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, order=N
 
 
 def folded_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, order=None) -> list[SplitKTactic]:
-    """Unsplit tiles narrow enough to fill the SMs in one wave with K folded into one warpgroup tile, at
-    streaming batches, in stages of 4 boxes, then 2, then 1 (at the deepest pipeline, if it holds MIN_STAGES,
-    where every K segment gets two stages or more); within each, the fold whose slots the tile fills best
-    first. Where ``order`` pins (split, K boxes), those that sum in it (a fold sums as the split of as many).
-
-    A padded tile of 28 rows keeps 28/64 of its shared memory's weight bytes in flight and a split
-    one pays the reduction; folded, 3584 rows on 128 SMs keep 56/64 in flight and sum in the CTA.
-    """
+    """Unsplit one-wave tiles with K folded into one warpgroup tile, at streaming batches: 4-, 2-, then
+    1-box stages, the best-filled fold first; under ``order``, those that sum in it (as the split of the fold)."""
+    # A padded tile of 28 rows keeps 28/64 of its shared memory's weight bytes in flight and a split one pays
+    # the reduction; folded, 3584 rows on 128 SMs keep 56/64 in flight and sum in the CTA. Each candidate takes
+    # the deepest pipeline, if it holds MIN_STAGES and gives every K segment two stages or more.
     acts = activation_rows_for(batch)
     tiles_per_wave = gpu.sm_count // math.ceil(batch / acts)
     if acts >= COMPUTE_BOUND_ROWS or tiles_per_wave == 0:
@@ -169,33 +175,7 @@ def fills_every_rank(tactic: SplitKTactic, k: int) -> bool:
 
 
 def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
-    """Up to ``limit`` valid tactics: the heuristic's pick, the cost model's best of each
-    (weight rows, activation rows, split) family, then its best overall.
-
-    The first slots go to those (all but the ones the groups below reserve:
-    SHARED_LOAD_CANDIDATES, WIDE_STAGE_CANDIDATES where no order is pinned, and as
-    many as the padded, folded, column-group and weight-as-B groups hold). Up to
-    WIDE_STAGE_CANDIDATES of the slots after them go to 2- and 4-box variants of the
-    first two (the model cannot tell stage widths apart: only timing can), unless
-    ``order`` pins the split and K boxes; up to SHARED_LOAD_CANDIDATES to the first
-    with its activation tile multicast to 2 and 4 weight tiles, from
-    SHARED_LOAD_ROWS activation rows on (multicast never changes the sums), unless
-    rounding the tiles up to whole groups would push a one-wave grid into a second;
-    at streaming batches up to PADDED_TILE_CANDIDATES to SM-filling weight tiles
-    that are not whole warpgroups (``padded_tile_tactics``; under a pinned order,
-    one of that order: a padded tile sums as the whole tile does), and up to
-    FOLDED_CANDIDATES to SM-filling tiles with K folded (``folded_tactics``; under a
-    pinned order, those of a fold that sums in it); at compute-bound batches up to
-    COLUMN_GROUP_CANDIDATES to the best 64-row tactics with two consumer
-    warpgroups splitting the activation tile (the model
-    cannot tell how busy they keep the tensor pipe: only timing can); and from
-    WEIGHT_AS_B_ROWS activation rows on up to WEIGHT_AS_B_CANDIDATES to tactics with
-    the weight as wgmma's B, unless ``order`` pins the summation order (the GPU
-    tests verify batch invariance for the weight as A only). The groups fill the
-    list in that order and what passes ``limit`` is dropped: at compute-bound
-    batches the reserved slots alone exceed 8 (the H200 tables were tuned with 12 to
-    16).
-    """
+    """Up to ``limit`` valid tactics for one cell, the groups of the module docstring in their order."""
     pick = default_tactic(n, k, batch, gpu, order=order)
     # Ties go to the deeper pipeline: they arise where every CTA has an SM to
     # itself, and there the deepest pipeline was faster in 60% of the timed pairs.
