@@ -33,11 +33,8 @@ H200 = GpuSpec("NVIDIA H200", 132, 228 * 1024, 4.4e6, (132, 66, 39, 30, 22, 17, 
 
 
 def gpu_spec(device=None, *, measure_clusters=False) -> GpuSpec:
-    """The spec of ``device``'s GPU, or the H200's when no device is given.
-
-    Cluster residency is the H200's where the GPU is one, else SMs / size, unless
-    ``measure_clusters`` asks the driver (compiles a probe kernel: for the tuner).
-    """
+    """The spec of ``device``'s GPU (the H200's when none is given); cluster residency is the H200's on one,
+    else SMs / size, unless ``measure_clusters`` asks the driver (compiles a probe kernel: for the tuner)."""
     if device is None:
         return H200
     props = torch.cuda.get_device_properties(device)

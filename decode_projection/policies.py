@@ -41,12 +41,8 @@ def largest_split(k: int) -> int:
 
 
 def default_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, batch_invariant=False, order=None):
-    """The heuristic's tactic for one padded batch.
-
-    With ``batch_invariant`` the split (and so the order K is summed in) is the
-    one batch 1 gets, so a row's result never depends on the batch it is in;
-    ``order`` = (split, k boxes) pins it instead (to match a tuned batch-invariant table).
-    """
+    """The heuristic's tactic for one padded batch; ``batch_invariant`` keeps batch 1's split (so the order K is
+    summed in), ``order`` = (split, k boxes) pins it instead (to match a tuned batch-invariant table)."""
     acts = activation_rows_for(batch)
     if order is not None:
         return pinned_tactic(n, k, batch, order, gpu)
@@ -63,17 +59,12 @@ def default_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, batch_inv
 
 
 def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTactic:
-    """For compute-bound batches: the grid with the most CTAs that still fits in one wave
-    (of whole clusters: a split of 4 fits fewer CTAs at once than SMs).
-
-    A second, partly filled wave of MMA-heavy CTAs costs nearly a whole one, and
-    split K beyond need adds reductions of large accumulators: in the H200
-    timings the best M >= 96 tactics ran 96-132 CTAs with the smallest split
-    that gets there. Ties go to the larger activation tile (the weight is read
-    once per activation tile), then the smaller split, then the larger weight
-    tile. Among timed tactics this rule lost 8% to the best (geometric mean over
-    59 cells), the fill-the-SMs rule before it 45%.
-    """
+    """For compute-bound batches: the grid with the most CTAs that fits in one wave of whole clusters."""
+    # A second, partly filled wave of MMA-heavy CTAs costs nearly a whole one, and split K beyond need adds
+    # reductions of large accumulators: in the H200 timings the best M >= 96 tactics ran 96-132 CTAs with the
+    # smallest split that gets there. Ties go to the larger activation tile (the weight is read once per
+    # activation tile), then the smaller split, then the larger weight tile. Among timed tactics this rule lost
+    # 8% to the best (geometric mean over 59 cells), the fill-the-SMs rule before it 45%.
     grids = [
         SplitKTactic(rows, acts, split, 2)
         for acts in activation_tile_choices(batch)
@@ -91,12 +82,9 @@ def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTa
 
 
 def pinned_tactic(n: int, k: int, batch: int, order, gpu: GpuSpec = H200) -> SplitKTactic:
-    """The heuristic's tactic with the summation order ``order`` = (split, k boxes).
-
-    Wide stages may not fit a large activation tile with the usual weight rows:
-    then the other weight tile, else a smaller activation tile (the batch is
-    tiled, and the weight read once per tile).
-    """
+    """The heuristic's tactic with the summation order ``order`` = (split, k boxes)."""
+    # Wide stages may not fit a large activation tile with the usual weight rows: then the other weight tile,
+    # else a smaller activation tile (the batch is tiled, and the weight read once per tile).
     if len(order) != 2:
         raise ValueError(f"summation order {order} is not (split, k boxes) with the weight as A: "
                          "batch invariance is verified with the weight as A only")
@@ -120,17 +108,13 @@ def ctas_per_sm(tactic: SplitKTactic, gpu: GpuSpec = H200) -> int:
 
 
 def predicted_time_us(n: int, k: int, batch: int, tactic: SplitKTactic, gpu: GpuSpec = H200) -> float:
-    """A rough time for ranking tactics before timing them (not a promise).
-
-    Bandwidth is limited by the bytes the resident CTAs keep in flight over the
-    loaded memory latency, by what the SMs holding CTAs can pull each, and by
-    the HBM ceiling; the tensor cores of those SMs bound compute-heavy batches;
-    activation tiles are re-read from L2 by every CTA; each extra wave and each
-    split-K reduction adds a fixed cost. The constants were fitted to the 2,070
-    candidates the H200 tuner timed (docs/measurements/*tune-timings*): ranked
-    by this model, the pick among them is 9% slower than the best on average,
-    against 17% with the earlier hand-set constants.
-    """
+    """A rough time for ranking tactics before timing them (not a promise)."""
+    # Bandwidth is limited by the bytes the resident CTAs keep in flight over the loaded memory latency, by
+    # what the SMs holding CTAs can pull each, and by the HBM ceiling; the tensor cores of those SMs bound
+    # compute-heavy batches; activation tiles are re-read from L2 by every CTA; each extra wave and each
+    # split-K reduction adds a fixed cost. The constants were fitted to the 2,070 candidates the H200 tuner
+    # timed (docs/measurements/*tune-timings*): ranked by this model, the pick among them is 9% slower than
+    # the best on average, against 17% with the earlier hand-set constants.
     latency_us, l2_bytes_per_us, launch_us, wave_us, reduce_us = 1.3, 18e6, 2.0, 2.2, 1.9
     n_tiles = math.ceil(n / tactic.weight_rows)
     m_tiles = math.ceil(batch / tactic.activation_rows)
