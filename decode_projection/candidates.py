@@ -63,7 +63,7 @@ WEIGHT_AS_B_ROWS = 32
 EARLY_DEPENDENTS_CANDIDATES = 3
 
 
-def pool_tactics(batch, k, gpu: GpuSpec = H200, *, order=None):
+def pool_tactics(k: int, batch: int, gpu: GpuSpec = H200, *, order=None) -> set[SplitKTactic]:
     """Each tile and split at the deepest pipeline that lets 1 to MOST_CTAS_PER_SM CTAs share an SM (so a
     grid can fit in one wave), in one-box stages unless ``order`` = (split, k boxes) pins both."""
     splits = [order[0]] if order is not None else [s for s in SPLITS if s <= largest_split(k)]
@@ -179,7 +179,7 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     pick = default_tactic(n, k, batch, gpu, order=order)
     # Ties go to the deeper pipeline: they arise where every CTA has an SM to
     # itself, and there the deepest pipeline was faster in 60% of the timed pairs.
-    ranked = sorted(pool_tactics(batch, k, gpu, order=order) - {pick},
+    ranked = sorted(pool_tactics(k, batch, gpu, order=order) - {pick},
                     key=lambda t: (predicted_time_us(n, k, batch, t, gpu), -t.stages * t.k_boxes, str(t)))
     family_bests = list({(t.weight_rows, t.activation_rows, t.split): t for t in reversed(ranked)}.values())
     family_bests.sort(key=ranked.index)
