@@ -230,9 +230,10 @@ def main(argv=None):
         unknown = set(args.policies.split(",")) - set(POLICY_KINDS)
         if unknown:
             parser.error(f"unknown policies {sorted(unknown)}")
-        unknown = set(args.launch.split(",")) - set(LAUNCHES) if args.command == "bench" else set()
-        if unknown:
-            parser.error(f"unknown launches {sorted(unknown)}")
+        if args.command == "bench":
+            unknown = set(args.launch.split(",")) - set(LAUNCHES)
+            if unknown:
+                parser.error(f"unknown launches {sorted(unknown)}")
     return {"bench": bench, "warm": warm, "tune": tune}[args.command](args)
 
 
