@@ -232,18 +232,20 @@ class Tuner:
             for n, k in self.shapes:
                 # The invariant pass may find every candidate of the chosen order timed already at a cell.
                 batches = [b for b in self.batches if candidates[n, k, b]]
-                if batches:
-                    timer = ShapeTimer(n, k, **self.kinds)
-                    # Sampled per shape: a long tune heats the GPU, and a clock drop shows up here.
-                    with ClockLog(torch.cuda.current_device()) as log:
-                        for b in batches:
-                            self.timed.setdefault((n, k, b), []).extend(timer.time(b, candidates[n, k, b], progress))
-                    self.clocks.setdefault((n, k), []).append(log.summary())
-                    del timer  # frees this shape's weight copies before the next shape allocates its own
+                if not batches:
+                    if done is not None:
+                        done.add((n, k))
+                    continue
+                timer = ShapeTimer(n, k, **self.kinds)
+                # Sampled per shape: a long tune heats the GPU, and a clock drop shows up here.
+                with ClockLog(torch.cuda.current_device()) as log:
+                    for b in batches:
+                        self.timed.setdefault((n, k, b), []).extend(timer.time(b, candidates[n, k, b], progress))
+                self.clocks.setdefault((n, k), []).append(log.summary())
+                del timer  # frees this shape's weight copies before the next shape allocates its own
                 if done is not None:
                     done.add((n, k))
-                if batches:
-                    self.write()
+                self.write()
 
     def write(self):
         """Write the tables and timings measured so far; ``(entries, invariant entries)``."""
