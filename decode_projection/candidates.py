@@ -91,9 +91,10 @@ def filling_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, weight_a
     # shared memory (SplitKTactic.weight_smem_rows).
     found = []
     if weight_as_b:
-        # At streaming batches one 64-row tile covers the batch; a wider one would only add zero rows.
-        compute_bound = activation_rows_for(batch) >= COMPUTE_BOUND_ROWS
-        activation_tiles = ACTIVATION_ROWS_AS_A if compute_bound else ACTIVATION_ROWS_AS_A[:1]
+        # Tiles up to the first that covers the batch: a wider one would only add zero rows (at streaming
+        # batches one 64-row tile covers it).
+        covered = activation_rows_for(batch)
+        activation_tiles = [a for a in ACTIVATION_ROWS_AS_A if a < covered + WGMMA_ROWS]
         most_rows = WEIGHT_ROWS_AS_B[-1]
     else:
         activation_tiles, most_rows = [activation_rows_for(batch)], WEIGHT_ROWS_AS_A[-1]

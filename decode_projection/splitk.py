@@ -19,15 +19,17 @@ once. The kernel is shaped around that:
   (or two that split a large activation tile, so that one's barrier waits
   overlap the other's wgmmas).
   Where the accumulators outgrow an even share of the register file (three
-  warpgroups of 256 activation rows), the producer is a whole warpgroup that
-  hands its registers to the consumers (setmaxnreg).
+  warpgroups of 256 columns of B, four of more than 128), the producer is a
+  whole warpgroup that hands its registers to the consumers (setmaxnreg).
 * At compute-bound batches the tactic may turn the operands back
   (``weight_as_b``): the activations are wgmma's A (64 rows per consumer
-  warpgroup) and the weight is B, in tiles of any multiple of 8 rows up to
-  256. A weight tile that need not be a multiple of 64 rows lets the grid fill
-  the SMs (7168 rows: 64 tiles of 112 x 2 activation tiles = 128 CTAs, where
-  64-row tiles give 112), the trade cuBLAS makes at these batches. On the
-  H200 it wins compute-bound cells of the shipped table (M = 96 to 256).
+  warpgroup, up to four) and the weight is B, in tiles of any multiple of 8
+  rows up to 256. A weight tile that need not be a multiple of 64 rows lets
+  the grid fill the SMs (7168 rows: 64 tiles of 112 x 2 activation tiles =
+  128 CTAs, where 64-row tiles give 112; 20480 rows at M=256: 128 tiles of
+  160 x one 256-row activation tile, each weight byte read by one CTA), the
+  trade cuBLAS makes at these batches. On the H200 it wins compute-bound
+  cells of the shipped table (M = 96 to 256).
 * With the weight as A a weight tile may be any multiple of 8 rows: its
   shared-memory tile is whole 64-row warpgroup tiles, the rows past the TMA box
   are never loaded and their results never stored, so the grid can fill the
@@ -63,17 +65,11 @@ from cutlass._mlir import ir
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.experimental.primitives import nvvm_wrapper as nvvm
 
-from .tactic import BOX_K, WGMMA_ROWS, SplitKTactic, as_tactic
+from .tactic import BOX_K, PRODUCER_REGISTERS, WGMMA_ROWS, SplitKTactic, as_tactic
 
 # TMA L2 cache-policy descriptors (createpolicy.fractional, fraction 1.0).
 EVICT_FIRST = 0x12F0000000000000
 EVICT_LAST = 0x14F0000000000000
-
-# Three warpgroups of 256 activation rows need ~155 registers per consumer thread. Each quarter
-# of an SM has 16384 registers for one warp of every warpgroup: with a producer warp that caps
-# threads at 128; a producer warpgroup keeping 32 lets the consumers have 160 (32 + 3 x 160 = 512).
-PRODUCER_REGISTERS = 32
-CONSUMER_REGISTERS = 160
 
 
 # The unsplit epilogue stages 16-bit output tiles of this many activation rows or more in shared
@@ -309,7 +305,7 @@ class SplitKGemm:
                 cute.arch.cluster_wait()
         else:
             if cutlass.const_expr(t.reallocates_registers):
-                cute.arch.setmaxregister_increase(CONSUMER_REGISTERS)
+                cute.arch.setmaxregister_increase(t.consumer_registers)
             group = warp // 4
             mma_group = tiled_mma.get_slice(group * 128)
             s_a, s_b = (s_act, s_weight) if t.weight_as_b else (s_weight, s_act)

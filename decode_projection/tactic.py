@@ -27,9 +27,10 @@ WEIGHT_ROWS_AS_A = tuple(range(8, WEIGHT_ROWS[-1] + 1, 8))
 # 64-70% busy at M=256, cuBLAS 83-87%). On the H200 two won where K <= 3584 and on 2112 x 7168,
 # and lost up to 40% on the largest weights: the tuner keeps them where they win.
 COLUMN_GROUPS = (1, 2)
-# With the weight as wgmma's B: activation tiles of one or two warpgroups of 64 rows, and weight
-# tiles of any wgmma N (a multiple of 8 up to 256, also the TMA box's limit).
-ACTIVATION_ROWS_AS_A = (64, 128)
+# With the weight as wgmma's B: activation tiles of one to four warpgroups of 64 rows, and weight
+# tiles of any wgmma N (a multiple of 8 up to 256, also the TMA box's limit). A tile of 192 or 256
+# activation rows reads each weight byte into one CTA only, as the weight as A does.
+ACTIVATION_ROWS_AS_A = (64, 128, 192, 256)
 WEIGHT_ROWS_AS_B = tuple(range(8, 257, 8))
 # wgmma N. 48, 96 and 192 fit padded decode batches exactly: a 128- or 256-row tile
 # only partly filled (rows past M are TMA zero-fill) measured up to 1.6x slower.
@@ -46,6 +47,15 @@ SPLITS = tuple(range(1, 9))  # 3, 5, 6 and 7 too: clusters need not be powers of
 MULTICASTS = (1, 2, 4)  # CTAs of neighbouring weight tiles that share one activation load
 PORTABLE_CLUSTER = 8  # CTAs a cluster (split x multicast) may hold without the non-portable attribute
 SMEM_CAPACITY = 227 * 1024  # sm_90 opt-in shared memory per block
+# Each quarter of an SM has 16384 registers for one warp of every warpgroup; a launch gives every thread an even
+# share (rounded down to 8). Where the consumers' accumulators outgrow it, a producer warpgroup keeps
+# PRODUCER_REGISTERS and hands the rest of the CTA's registers to the consumer warpgroups (setmaxnreg, which
+# waits for registers the CTA holds): 32 + 3 x 160 = 4 x 128 for three, 32 + 4 x 112 = 5 x 96 for four.
+QUARTER_REGISTERS = 16384
+PRODUCER_REGISTERS = 32
+# Accumulators per thread that four consumer warpgroups of 112 registers hold without spilling: 160 weight rows
+# as B compiled clean for sm_90a, 176 spilled ~270 local-memory instructions.
+MOST_PARTIALS_OF_FOUR_GROUPS = 80
 BARRIER_BYTES = 1024  # mbarriers, rounded up to the 1024-byte tile alignment
 
 
@@ -126,13 +136,22 @@ class SplitKTactic:
 
     @property
     def reallocates_registers(self) -> bool:
-        """True where the consumers need more registers than an even share (see splitk.CONSUMER_REGISTERS)."""
-        return self.consumer_groups == 3 and self.tile_mnk[1] > 192
+        """True where the consumers need more registers than an even share: three warpgroups of more than
+        192 columns of B (~155 registers each at 256), four of more than 128 (90 at 128 fit the even 96)."""
+        return (self.consumer_groups == 4 and self.tile_mnk[1] > 128) or (self.consumer_groups == 3 and self.tile_mnk[1] > 192)
+
+    @property
+    def consumer_registers(self) -> int:
+        """Registers per consumer thread after a producer warpgroup hands its registers over (setmaxnreg)."""
+        warps_per_quarter = math.ceil(self.threads / 128)
+        at_launch = QUARTER_REGISTERS // (32 * warps_per_quarter) // 8 * 8
+        share = (warps_per_quarter * at_launch - PRODUCER_REGISTERS) // self.consumer_groups
+        return share // 8 * 8
 
     @property
     def wgmma_columns(self) -> int:
         """wgmma N: B's tile, or half of it where registers are reallocated (ptxas fits each
-        instruction's accumulators in the 128 registers every thread starts with)."""
+        instruction's accumulators in the 96-128 registers every thread starts with)."""
         columns = self.tile_mnk[1] // self.column_groups
         return columns // 2 if self.reallocates_registers else columns
 
@@ -223,6 +242,12 @@ class SplitKTactic:
             found.append(f"a fold of {self.fold} takes the weight as A in one slot of {WGMMA_ROWS // self.fold} rows, "
                          f"unsplit, without multicast or column groups, and {self.fold} x the activation rows "
                          f"<= {ACTIVATION_ROWS[-1]}")
+        if self.reallocates_registers and self.tile_mnk[1] % 16:
+            found.append(f"{self.tile_mnk[1]} columns of B do not halve into wgmma's N (a multiple of 8) "
+                         "where registers are reallocated")
+        if self.consumer_groups == 4 and self.partials_per_thread > MOST_PARTIALS_OF_FOUR_GROUPS:
+            found.append(f"four consumer warpgroups hold at most {MOST_PARTIALS_OF_FOUR_GROUPS} accumulators "
+                         f"per thread, not {self.partials_per_thread}")
         if self.smem_bytes > SMEM_CAPACITY:
             found.append(f"{self.smem_bytes} B of shared memory > {SMEM_CAPACITY}")
         if self.reduction_bytes > self.stages * self.stage_bytes:

@@ -1,7 +1,10 @@
 """A few small projections for compute-sanitizer (memcheck, racecheck): split 1, 2, 4 and 8; 1, 2 and 4 K boxes;
 activations multicast to 2 and 4 weight tiles; 64, 128 and 192 weight rows (the last with 256 activation rows too);
-two consumer warpgroups splitting the activation tile; the weight as wgmma's B; weight tiles padded to whole
-warpgroups; the unsplit epilogue staged in shared memory, with and without 16-byte output stores; K folded."""
+two consumer warpgroups splitting the activation tile; the weight as wgmma's B, with one to four warpgroups of
+activations; weight tiles padded to whole warpgroups; the unsplit epilogue staged in shared memory, with and
+without 16-byte output stores; K folded. Arguments, if any, are the indices in CASES of the cases to run."""
+
+import sys
 
 import torch
 
@@ -31,6 +34,11 @@ CASES = [
     # The weight as wgmma's B in tiles that are not a multiple of 64 rows: alone, with split K and multicast.
     (SplitKTactic(112, 128, 1, 4, 1, 1, 1, True), 300, 1000, 200),
     (SplitKTactic(40, 64, 3, 4, 2, 2, 1, True), 136, 1544, 100),
+    # The weight as B with three and four consumer warpgroups of activations: four that take a producer
+    # warpgroup's registers, and four without, with split K.
+    (SplitKTactic(160, 256, 1, 4, 1, 1, 1, True), 500, 1000, 250),
+    (SplitKTactic(128, 256, 2, 3, 1, 1, 1, True), 300, 1544, 200),
+    (SplitKTactic(48, 192, 1, 7, 1, 1, 1, True), 136, 1000, 180),
     # Weight-as-A tiles padded to whole warpgroups: one and three warpgroups, with split K and multicast.
     (SplitKTactic(56, 8, 1, 6, 2), 300, 1000, 3),
     (SplitKTactic(160, 32, 3, 3, 1, 2), 500, 1544, 40),
@@ -45,7 +53,7 @@ CASES = [
     (SplitKTactic(12, 16, 1, 3, 4, fold=4), 137, 520, 13),
 ]
 
-for tactic, n, k, batch in CASES:
+for tactic, n, k, batch in [CASES[int(i)] for i in sys.argv[1:]] or CASES:
     weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(batch, k, device="cuda", dtype=torch.bfloat16)
     out = torch.full((batch, n), float("nan"), device="cuda", dtype=torch.bfloat16)

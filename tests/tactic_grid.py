@@ -54,7 +54,7 @@ GRID += [
     SplitKTactic(64, 256, 2, 4, 1, 2, 2), SplitKTactic(64, 128, 1, 3, 2, 1, 2), SplitKTactic(64, 256, 8, 2, 1, 1, 2),
 ]
 
-# The weight as wgmma's B (activations A, one or two warpgroups of 64 rows), in weight tiles of any multiple
+# The weight as wgmma's B (activations A, one to four warpgroups of 64 rows), in weight tiles of any multiple
 # of 8 rows: ragged N tiles, split K with uneven slices, multicast, wide stages, the narrowest and widest tiles.
 GRID += [
     SplitKTactic(rows, acts, split, stages, boxes, multicast, 1, True)
@@ -64,6 +64,9 @@ GRID += [
         (24, 128, 1, 11, 1, 1),
         # The SM-filling tiles the tuner found at streaming batches (one 64-row activation tile).
         (48, 64, 1, 16, 1, 1), (160, 64, 1, 8, 1, 1),
+        # Three and four warpgroups of activations: registers reallocated or not, split K, multicast.
+        (48, 192, 1, 7, 1, 1), (208, 192, 1, 3, 1, 1), (64, 192, 3, 4, 1, 2),
+        (160, 256, 1, 4, 1, 1), (128, 256, 2, 3, 1, 1), (96, 256, 5, 2, 2, 1), (56, 256, 1, 4, 1, 2),
     )
 ]
 
