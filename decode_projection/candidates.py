@@ -87,7 +87,7 @@ def filling_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, weight_a
     """Per activation tile and split, the narrowest weight tile of 8k rows whose grid fills the fewest waves."""
     # 64-row weight tiles leave SMs idle where N / 64 tiles do not divide the SMs (7168 rows fill 112 of 132);
     # a tile of any multiple of 8 rows can fill them (128 tiles of 56). With the weight as B the activations
-    # are wgmma's A, one or two 64-row tiles; with the weight as A its tile is padded to whole warpgroups in
+    # are wgmma's A, one to four 64-row tiles; with the weight as A its tile is padded to whole warpgroups in
     # shared memory (SplitKTactic.weight_smem_rows).
     found = []
     if weight_as_b:
