@@ -1,6 +1,7 @@
 """CPU tests: argument validation, the code-only compile cache, and every tactic's SASS."""
 
 import contextlib
+import math
 import re
 
 import cutlass
@@ -12,7 +13,7 @@ from decode_projection import PreparedProjection, SplitKTactic, compile_projecti
 from decode_projection.sass import kernel_report
 from decode_projection.splitk import EVICT_LAST, SplitKGemm
 from decode_projection.tables import shipped_tables
-from decode_projection.tactic import as_tactic, max_stages
+from decode_projection.tactic import PRODUCER_REGISTERS, as_tactic, max_stages
 
 from .tactic_grid import GRID, tactic_id
 
@@ -156,6 +157,19 @@ def test_tactic_predicate_is_shared():
     assert not SplitKTactic(128, 256, 1, deepest + 1).valid
 
 
+def test_register_handover_rules():
+    """Four warpgroups of activations take a producer warpgroup's registers past 128 weight rows, halving wgmma N."""
+    four = SplitKTactic(160, 256, 1, 4, weight_as_b=True)
+    assert (four.consumer_groups, four.threads, four.consumer_registers, four.wgmma_columns) == (4, 640, 112, 80)
+    assert not SplitKTactic(128, 256, 1, 4, weight_as_b=True).reallocates_registers
+    assert SplitKTactic(136, 256, 1, 4, weight_as_b=True).problems() == [
+        "136 columns of B do not halve into wgmma's N (a multiple of 8) where registers are reallocated"]
+    assert SplitKTactic(200, 192, 1, 3, weight_as_b=True).problems() == [
+        "200 columns of B do not halve into wgmma's N (a multiple of 8) where registers are reallocated"]
+    assert SplitKTactic(176, 256, 1, 4, weight_as_b=True).problems() == [
+        "four consumer warpgroups hold at most 80 accumulators per thread, not 88"]
+
+
 def test_padded_weight_tile_loads_its_rows_into_whole_warpgroup_tiles():
     padded = SplitKTactic(56, 8, 1, 4, 2)
     assert padded.valid and padded.consumer_groups == 1 and padded.tile_mnk == (64, 8, 128)
@@ -242,3 +256,15 @@ def test_every_tactic_compiles_to_wgmma_and_tma_without_spills(tactic):
     assert report.spills == 0 and report.local_bytes == 0, f"{report.spills} spill instructions"
     assert not report.wgmma_serialized, "ptxas serialized the wgmmas (C7514)"
     assert report.registers <= 255
+
+
+@pytest.mark.parametrize("tactic", [t for t in GRID + SHIPPED if t.reallocates_registers], ids=tactic_id)
+def test_register_handover_stays_within_what_the_cta_holds(tactic):
+    """setmaxnreg.inc waits for registers the CTA holds: asking past them hangs the launch (docs/performance.md, v32)."""
+    report = kernel_report(compile_projection(tactic, torch.bfloat16, "sm_90a"))
+    requests = dict(re.findall(r"USETMAXREG\.(DEALLOC|TRY_ALLOC)\.CTAPOOL (?:UP\d+, )?(0x[0-9a-f]+)", report.sass))
+    requests = {kind: int(value, 16) for kind, value in requests.items()}
+    assert requests == {"DEALLOC": PRODUCER_REGISTERS, "TRY_ALLOC": tactic.consumer_registers}
+    # Per SM quarter: one warp of every warpgroup, each thread holding the launch's registers.
+    held_per_lane = math.ceil(tactic.threads / 128) * report.registers
+    assert PRODUCER_REGISTERS + tactic.consumer_groups * tactic.consumer_registers <= held_per_lane
