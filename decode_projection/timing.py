@@ -46,23 +46,16 @@ def _replay_us(graph, launches: int) -> float:
 
 
 def interleaved_time_us(launches: dict, copies: int, *, repeats: int = 15, separator=None) -> dict:
-    """Median microseconds per launch for each ``name: launch(i)``, cold L2, CUDA-graph replay.
-
-    The graphs replay in turn (a rotating order, one timed replay each per
-    round), so drift and what ran before fall on every launch alike: timed one
-    after the other, torch.matmul's time on small weights moved by up to 12%
-    with what ran before it (scripts/timing_order.py). Each timed replay
-    follows an untimed one of the same graph: on the H200 the first replay of
-    our graph after torch.matmul's ran up to 0.5 us per launch slower, and the
-    second matched our graph timed alone (two graphs of our own kernel
-    alternated at no cost).
-
-    Back to back, a kernel that uses programmatic dependent launch overlaps its
-    prologue with the previous launch of itself. In a model the previous kernel
-    is usually something else (a norm, an activation), so with ``separator`` a
-    small kernel runs before every launch, as that glue would; its own time,
-    measured alone in the same rounds, is subtracted.
-    """
+    """Median microseconds per launch for each ``name: launch(i)``, cold L2, CUDA-graph replay."""
+    # The graphs replay in turn (a rotating order, one timed replay each per round), so drift and what ran before
+    # fall on every launch alike: timed one after the other, torch.matmul's time on small weights moved by up to
+    # 12% with what ran before it (scripts/timing_order.py). Each timed replay follows an untimed one of the same
+    # graph: on the H200 the first replay of our graph after torch.matmul's ran up to 0.5 us per launch slower,
+    # and the second matched our graph timed alone (two graphs of our own kernel alternated at no cost).
+    # Back to back, a kernel that uses programmatic dependent launch overlaps its prologue with the previous
+    # launch of itself. In a model the previous kernel is usually something else (a norm, an activation), so with
+    # ``separator`` a small kernel runs before every launch, as that glue would; its own time, measured alone in
+    # the same rounds, is subtracted.
     if separator is not None:
         launches = {name: _after(separator, launch) for name, launch in launches.items()}
         launches[_SEPARATOR] = lambda i: separator()

@@ -102,12 +102,9 @@ class ShapeTimer:
         self.weights = [torch.randn(n, k, device=self.device).to(weight_dtype) for _ in range(self.copies)]
 
     def time(self, batch, tactics, progress) -> list[Timed]:
-        """Check each tactic against float64, then time them all interleaved in both launch contexts.
-
-        Interleaved as the benchmark times them, so that drift and what ran
-        before fall on every candidate alike (one after the other, a launch's
-        time moved by up to 12% with what preceded it; docs/performance.md).
-        """
+        """Check each tactic against float64, then time them all interleaved in both launch contexts."""
+        # Interleaved as the benchmark times them, so that drift and what ran before fall on every candidate
+        # alike (one after the other, a launch's time moved by up to 12% with what preceded it).
         x = torch.randn(batch, self.k, device=self.device).to(self.weight_dtype)
         outs = [torch.empty(batch, self.n, device=self.device, dtype=self.output_dtype) for _ in range(self.copies)]
         reference = Reference(x, self.weights[0], self.output_dtype)
@@ -142,16 +139,13 @@ def invariant_pick(found: list[Timed], order: tuple, batch: int) -> Timed | None
 
 
 def shared_order(timed_by_batch: dict[int, list[Timed]]) -> tuple:
-    """The summation order for every batch of a shape, among the orders timed at every batch.
-
-    Orders that keep each streaming batch (M <= 64) within INVARIANT_EXCESS of
-    the free table back to back, as the benchmark reads it, rank first (else the
-    smallest worst excess); then the lowest geometric mean over all batches of
-    the order's pick (``invariant_pick``) over the batch's best. Where no order was
-    timed at every batch, the smallest batch's winner's; ties go to it too. Only tactics with the
-    weight as A count (the GPU tests verify invariance for those); the free
-    table's best, whatever its kind, is what each order is measured against.
-    """
+    """The summation order for every batch of a shape, among the orders timed at every batch."""
+    # Orders that keep each streaming batch (M <= 64) within INVARIANT_EXCESS of the free table back to back, as
+    # the benchmark reads it, rank first (else the smallest worst excess); then the lowest geometric mean over all
+    # batches of the order's pick (``invariant_pick``) over the batch's best. Where no order was timed at every
+    # batch, the smallest batch's winner's; ties go to it too. Only tactics with the weight as A count (the GPU
+    # tests verify invariance for those); the free table's best, whatever its kind, is what each order is
+    # measured against.
     batches = sorted(timed_by_batch)
     free = {batch: min(timed_by_batch[batch], key=lambda t: t.score) for batch in batches}
     orders = {t.tactic.summation_order for found in timed_by_batch.values() for t in found
@@ -314,13 +308,12 @@ def chosen_order_candidates(n, k, batch, gpu, *, order, limit, timed) -> list[Sp
 def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfloat16, limit=8,
          invariant_limit=None, out_path=None, invariant_out_path=None, timings_path=None, incumbents=None,
          kept_entries=(), pinned_orders=None):
-    """Tune every (shape, batch): ``(entries, invariant entries)``; the invariant table only when
-    ``invariant_limit`` is set. Tables and every candidate's times (with the GPU's clocks while each
-    shape was timed) are written as JSON where a path is given, after every shape, so an interrupted
-    run keeps what it measured. ``incumbents`` (tables as ``load_table`` returns them) add their
-    tactics for each cell to its candidates. ``kept_entries`` (a table's entries) are written to
-    ``out_path`` too, except the cells this run tunes. ``pinned_orders`` ({(n, k): (split, k boxes)})
-    replace the invariant table's choice of order for those shapes."""
+    """Tune every (shape, batch): ``(entries, invariant entries)``, the latter where ``invariant_limit`` is set."""
+    # Tables and every candidate's times (with the GPU's clocks while each shape was timed) are written as JSON
+    # where a path is given, after every shape, so an interrupted run keeps what it measured. ``incumbents``
+    # (tables as ``load_table`` returns them) add their tactics for each cell to its candidates. ``kept_entries``
+    # (a table's entries) are written to ``out_path`` too, except the cells this run tunes. ``pinned_orders``
+    # ({(n, k): (split, k boxes)}) replace the invariant table's choice of order for those shapes.
     if pinned_orders and invariant_limit is None:
         raise ValueError("pinned orders are the batch-invariant table's: set invariant_limit")
     started = time.perf_counter()
