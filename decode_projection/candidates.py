@@ -40,8 +40,8 @@ from .policies import (
     waves,
 )
 from .tactic import (
-    ACTIVATION_ROWS_AS_A, BARRIER_BYTES, FOLDS, K_BOXES, MULTICASTS, SPLITS, WEIGHT_ROWS, WEIGHT_ROWS_AS_A,
-    WEIGHT_ROWS_AS_B, WGMMA_ROWS, SplitKTactic, max_stages,
+    ACTIVATION_ROWS_AS_A, BARRIER_BYTES, FOLDS, K_BOXES, MOST_PARTIALS_OF_FOUR_GROUPS, MULTICASTS, SPLITS, WEIGHT_ROWS,
+    WEIGHT_ROWS_AS_A, WEIGHT_ROWS_AS_B, WGMMA_ROWS, SplitKTactic, max_stages,
 )
 
 WIDE_STAGE_CANDIDATES = 4  # slots for 2- and 4-box variants of the best one-box tactics
@@ -100,13 +100,18 @@ def filling_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, weight_a
         activation_tiles, most_rows = [activation_rows_for(batch)], WEIGHT_ROWS_AS_A[-1]
     for acts in activation_tiles:
         m_tiles = math.ceil(batch / acts)
+        # Four warpgroups of activations hold the accumulators of at most 2 x MOST_PARTIALS_OF_FOUR_GROUPS columns.
+        four_groups = weight_as_b and acts == 4 * WGMMA_ROWS
+        rows_cap = 2 * MOST_PARTIALS_OF_FOUR_GROUPS if four_groups else most_rows
         for split in [s for s in SPLITS if s <= largest_split(k)]:
             tiles_per_wave = gpu.clusters_at_once(split) // m_tiles
             if tiles_per_wave == 0:
                 continue
             wave = 1
-            while (rows := 8 * math.ceil(n / (8 * wave * tiles_per_wave))) > most_rows:
+            while (rows := 8 * math.ceil(n / (8 * wave * tiles_per_wave))) > rows_cap:
                 wave += 1
+            if weight_as_b and SplitKTactic(rows, acts, split, 2, weight_as_b=True).reallocates_registers:
+                rows = 16 * math.ceil(rows / 16)  # wgmma N, halved where registers are reallocated, is 8k
             stages = max_stages(rows, acts, split, weight_as_b=weight_as_b)
             tactic = SplitKTactic(rows, acts, split, stages, weight_as_b=weight_as_b)
             if tactic.stages >= MIN_STAGES and tactic.valid:

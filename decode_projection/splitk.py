@@ -19,8 +19,9 @@ once. The kernel is shaped around that:
   (or two that split a large activation tile, so that one's barrier waits
   overlap the other's wgmmas).
   Where the accumulators outgrow an even share of the register file (three
-  warpgroups of 256 columns of B, four of more than 128), the producer is a
-  whole warpgroup that hands its registers to the consumers (setmaxnreg).
+  warpgroups of more than 192 columns of B, four of more than 128), the
+  producer is a whole warpgroup that hands its registers to the consumers
+  (setmaxnreg).
 * At compute-bound batches the tactic may turn the operands back
   (``weight_as_b``): the activations are wgmma's A (64 rows per consumer
   warpgroup, up to four) and the weight is B, in tiles of any multiple of 8
@@ -241,7 +242,7 @@ class SplitKGemm:
 
         if warp >= self.producer_warp:
             if cutlass.const_expr(t.reallocates_registers):
-                # Only the first warp loads; its registers go to the consumers.
+                # Only the first warp loads; every producer warp's registers but PRODUCER_REGISTERS go to the consumers.
                 cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
             if warp == self.producer_warp:
                 if cutlass.const_expr(t.weight_as_b):

@@ -34,8 +34,8 @@ CASES = [
     # The weight as wgmma's B in tiles that are not a multiple of 64 rows: alone, with split K and multicast.
     (SplitKTactic(112, 128, 1, 4, 1, 1, 1, True), 300, 1000, 200),
     (SplitKTactic(40, 64, 3, 4, 2, 2, 1, True), 136, 1544, 100),
-    # The weight as B with three and four consumer warpgroups of activations: four that take a producer
-    # warpgroup's registers, and four without, with split K.
+    # The weight as B with four consumer warpgroups of activations that take a producer warpgroup's registers,
+    # four without, with split K, and three.
     (SplitKTactic(160, 256, 1, 4, 1, 1, 1, True), 500, 1000, 250),
     (SplitKTactic(128, 256, 2, 3, 1, 1, 1, True), 300, 1544, 200),
     (SplitKTactic(48, 192, 1, 7, 1, 1, 1, True), 136, 1000, 180),

@@ -64,9 +64,10 @@ GRID += [
         (24, 128, 1, 11, 1, 1),
         # The SM-filling tiles the tuner found at streaming batches (one 64-row activation tile).
         (48, 64, 1, 16, 1, 1), (160, 64, 1, 8, 1, 1),
-        # Three and four warpgroups of activations: registers reallocated or not, split K, multicast.
+        # Three and four warpgroups of activations: registers reallocated or not, split K (with them too), multicast.
         (48, 192, 1, 7, 1, 1), (208, 192, 1, 3, 1, 1), (64, 192, 3, 4, 1, 2),
         (160, 256, 1, 4, 1, 1), (128, 256, 2, 3, 1, 1), (96, 256, 5, 2, 2, 1), (56, 256, 1, 4, 1, 2),
+        (144, 256, 3, 4, 1, 1), (208, 192, 2, 4, 1, 1),
     )
 ]
 
