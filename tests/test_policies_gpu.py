@@ -4,16 +4,28 @@ import pytest
 import torch
 
 from decode_projection import PreparedProjection, SplitKTactic
-from decode_projection.bench import run_benchmark
+from decode_projection.bench import kernel_jobs, run_benchmark
 from decode_projection.checks import assert_close_to_reference
 from decode_projection.report import format_tables
+from decode_projection.runtime import architecture
 from decode_projection.tables import load_table
 from decode_projection.tune import tune
-from decode_projection.workload import KIMI_K3_SHAPES
+from decode_projection.warmup import compile_all
+from decode_projection.workload import DECODE_BATCHES, KIMI_K3_SHAPES
 
 pytestmark = pytest.mark.gpu
 
 
+@pytest.fixture(scope="module")
+def invariant_kernels():
+    """The batch-invariant table's kernels, compiled in parallel up front (one by one, compiling took most of
+    the invariance tests' 200 s on the H200)."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    compile_all(kernel_jobs(KIMI_K3_SHAPES, DECODE_BATCHES, ["batch-invariant"], device, architecture(device),
+                            torch.bfloat16, torch.bfloat16), progress=False)
+
+
+@pytest.mark.usefixtures("invariant_kernels")
 @pytest.mark.parametrize("shape", list(KIMI_K3_SHAPES), ids=lambda s: f"{s[0]}x{s[1]}")
 def test_batch_invariant_rows_do_not_depend_on_the_batch(shape):
     n, k = shape
