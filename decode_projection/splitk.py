@@ -404,14 +404,11 @@ class SplitKGemm:
 
     @cute.jit
     def store_staged(self, acc, coords, storage, out, row0, col0):
-        """Store the tile through shared memory: each thread writes 16 contiguous output bytes at a time.
-
-        Straight from the accumulators a warp's store touches four output rows with
-        2 bytes per thread; staged, a warp writes whole 128-byte lines. Every store,
-        the ragged tail's element stores too, has the L2 policy EVICT_LAST. The tile
-        is laid out as ``out`` is (weight rows contiguous), each activation row padded
-        by STAGING_PAD elements so that a warp's staging stores fall on distinct banks.
-        """
+        """Store the tile through shared memory: each thread writes 16 contiguous output bytes at a time."""
+        # Straight from the accumulators a warp's store touches four output rows with 2 bytes per thread; staged, a warp
+        # writes whole 128-byte lines. Every store, the ragged tail's element stores too, has the L2 policy EVICT_LAST.
+        # The tile is laid out as ``out`` is (weight rows contiguous), each activation row padded by STAGING_PAD
+        # elements so that a warp's staging stores fall on distinct banks.
         t = self.tactic
         tidx, _, _ = cute.arch.thread_idx()
         pitch = t.weight_smem_rows + STAGING_PAD
@@ -454,13 +451,10 @@ class SplitKGemm:
 
     @cute.jit
     def store_folded(self, acc, coords, storage, out, row0, col0):
-        """Sum each output's K-segment partials in segment order through shared memory, and store them (EVICT_LAST).
-
-        Folded, A row ``segment * slot_rows + n`` times B row ``segment * activation_rows + m``
-        is segment ``segment``'s partial of output (n, m); the products across segments are
-        discarded. The partials are staged as (n, m, segment), so the threads that sum them
-        read, and store, consecutive weight rows.
-        """
+        """Sum each output's K-segment partials in segment order through shared memory, and store them (EVICT_LAST)."""
+        # Folded, A row ``segment * slot_rows + n`` times B row ``segment * activation_rows + m`` is segment
+        # ``segment``'s partial of output (n, m); the products across segments are discarded. The partials are staged as
+        # (n, m, segment), so the threads that sum them read, and store, consecutive weight rows.
         t = self.tactic
         tidx, _, _ = cute.arch.thread_idx()
         base = cute.recast_ptr(storage.weight_tiles.data_ptr(), dtype=cutlass.Float32)
@@ -485,13 +479,10 @@ class SplitKGemm:
                 self.store_kept_in_l2(out, row0 + n, col0 + m, total.to(out.element_type))
 
     def sharing_layout(self):
-        """Who fills whose pipeline stages, for the pipeline's release signals.
-
-        Without multicast every CTA fills only its own stages (a CTA-local
-        pipeline, whatever the split). With it, sharers sit on the M mode (they
-        hold different weight rows and receive the same activation tile) and split
-        ranks on the K mode (they share nothing): cluster rank = sharer * split + rank.
-        """
+        """Who fills whose pipeline stages, for the pipeline's release signals."""
+        # Without multicast every CTA fills only its own stages (a CTA-local pipeline, whatever the split). With it,
+        # sharers sit on the M mode (they hold different weight rows and receive the same activation tile) and split
+        # ranks on the K mode (they share nothing): cluster rank = sharer * split + rank.
         t = self.tactic
         if t.multicast == 1:
             return cute.make_layout((1, 1, 1, 1))
@@ -499,13 +490,10 @@ class SplitKGemm:
 
     @cute.jit
     def load_weight(self, weight_tiles, state, descriptor, tiles, k_tile, fold_stride, weight_row):
-        """One weight tile by TMA through the device-resident map, evicted first from L2.
-
-        A stage of ``k_boxes`` boxes asks for that many adjacent 128-byte pieces of
-        every weight row at once (the shared-memory layout keeps each box's rows x 64
-        block contiguous, one after another along K). Folded, each K segment's rows
-        fill their slot of every box (slots are whole 8-row swizzle atoms).
-        """
+        """One weight tile by TMA through the device-resident map, evicted first from L2."""
+        # A stage of ``k_boxes`` boxes asks for that many adjacent 128-byte pieces of every weight row at once (the
+        # shared-memory layout keeps each box's rows x 64 block contiguous, one after another along K). Folded, each K
+        # segment's rows fill their slot of every box (slots are whole 8-row swizzle atoms).
         t = self.tactic
         if nvvm.elect_sync():
             for segment in cutlass.range_constexpr(t.fold):
@@ -536,15 +524,11 @@ class SplitKGemm:
 
     @cute.jit
     def reduce_across_cluster(self, acc, coords, rank, sharer, storage, out, row0, col0):
-        """Sum the split partials through DSMEM in rank order; each rank stores a share (EVICT_LAST).
-
-        Each thread's accumulators go in vectors of ``reduction_vector``; vector
-        ``g`` is owned by rank ``g % split``: each CTA sends it with one ``st.async``
-        to slot ``[rank][g // split][thread]`` of the owner's buffer (which reuses
-        the drained pipeline tiles); the owner waits on its mbarrier for every
-        byte, then adds the ``split`` slots in rank order, so the sum never
-        depends on timing.
-        """
+        """Sum the split partials through DSMEM in rank order; each rank stores a share (EVICT_LAST)."""
+        # Each thread's accumulators go in vectors of ``reduction_vector``; vector ``g`` is owned by rank ``g % split``:
+        # each CTA sends it with one ``st.async`` to slot ``[rank][g // split][thread]`` of the owner's buffer (which
+        # reuses the drained pipeline tiles); the owner waits on its mbarrier for every byte, then adds the ``split``
+        # slots in rank order, so the sum never depends on timing.
         t = self.tactic
         tidx, _, _ = cute.arch.thread_idx()
         width, groups = t.reduction_vector, t.reduction_groups
