@@ -197,7 +197,8 @@ def main(argv=None):
                           help="the kernels for projections prepared with programmatic_launch=False")
     run_tune = commands.add_parser("tune", help="tune tactics on this GPU and write a JSON table")
     common(run_tune)
-    run_tune.add_argument("--candidates", type=positive_int, default=8, help="tactics timed per cell (default: %(default)s)")
+    run_tune.add_argument("--candidates", type=positive_int, default=8,
+                          help="tactics timed per cell (default: %(default)s)")
     run_tune.add_argument("--out", required=True, help="path of the JSON table to write")
     run_tune.add_argument("--batch-invariant-out",
                           help="also write a batch-invariant table (one split and K-box count per shape) here")

@@ -138,7 +138,8 @@ class SplitKTactic:
     def reallocates_registers(self) -> bool:
         """True where the consumers need more registers than an even share: three warpgroups of more than
         192 columns of B (~155 registers each at 256), four of more than 128 (90 at 128 fit the even 96)."""
-        return (self.consumer_groups == 4 and self.tile_mnk[1] > 128) or (self.consumer_groups == 3 and self.tile_mnk[1] > 192)
+        columns = self.tile_mnk[1]
+        return (self.consumer_groups == 4 and columns > 128) or (self.consumer_groups == 3 and columns > 192)
 
     @property
     def consumer_registers(self) -> int:

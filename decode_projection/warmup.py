@@ -3,9 +3,9 @@
 A projection needs one kernel per distinct tactic, and compiling one takes
 about a second of one CPU core; the shipped H200 tuned table holds about a
 hundred distinct tactics for the Kimi-K3 shapes, so a first start that compiles
-them one by one (``prepare()`` does) waits about a minute or two. Compiling them in worker processes
-into the disk cache (``disk_cache.py``) first, then loading, spreads that over
-the cores (each worker also pays its own imports: measured in
+them one by one (``prepare()`` does) waits a minute or two. Compiling them in
+worker processes into the disk cache (``disk_cache.py``) first, then loading,
+spreads that over the cores (each worker also pays its own imports: measured in
 docs/measurements/2026-12-02-warm-cpu.txt). Without a disk cache there is
 nowhere to hand the kernels over, so they are compiled here, one by one.
 """

@@ -106,7 +106,8 @@ def main():
         found, geomean, streaming = misses([c for c in cells if c["policy"] == policy])
         counts = ", ".join(f"bar {bar}: {len(found[bar])} cells" for bar in (1, 2, 3, 4))
         short = geomean is not None and geomean < LEAST_SPEEDUP
-        mean = "no cells" if geomean is None else f"{geomean:.3f}x" + (f" (< {LEAST_SPEEDUP}x: misses bar 2)" if short else "")
+        mean = "no cells" if geomean is None else f"{geomean:.3f}x"
+        mean += f" (< {LEAST_SPEEDUP}x: misses bar 2)" if short else ""
         print(f"{policy}: geometric mean at M<=64 {mean} over {streaming} cells; misses {counts}")
         missed |= any(found.values()) or short
         if not args.quiet:

@@ -260,7 +260,7 @@ def test_every_tactic_compiles_to_wgmma_and_tma_without_spills(tactic):
 
 @pytest.mark.parametrize("tactic", [t for t in GRID + SHIPPED if t.reallocates_registers], ids=tactic_id)
 def test_register_handover_stays_within_what_the_cta_holds(tactic):
-    """setmaxnreg.inc waits for registers the CTA holds: asking past them hangs the launch (docs/performance.md, v32)."""
+    """setmaxnreg.inc waits for registers the CTA holds: asking past them hangs the launch (performance.md, v32)."""
     report = kernel_report(compile_projection(tactic, torch.bfloat16, "sm_90a"))
     requests = dict(re.findall(r"USETMAXREG\.(DEALLOC|TRY_ALLOC)\.CTAPOOL (?:UP\d+, )?(0x[0-9a-f]+)", report.sass))
     requests = {kind: int(value, 16) for kind, value in requests.items()}
