@@ -24,7 +24,8 @@ batches the reserved slots alone exceed 8: the H200 tables were tuned with 12 to
    the tensor pipe is for timing to tell).
 6. From WEIGHT_AS_B_ROWS activation rows on, WEIGHT_AS_B_CANDIDATES with the
    weight as wgmma's B, unless an order is pinned (the GPU tests verify batch
-   invariance for the weight as A only).
+   invariance for the weight as A only), then SHARED_WEIGHT_CANDIDATES of them
+   (``shared_weight_tactics``) with each weight tile multicast to two activation tiles.
 
 The tuner adds the twins of some that let the next launch in as they start
 (``early_dependents_tactics``).
@@ -49,6 +50,9 @@ SHARED_LOAD_CANDIDATES = 2  # slots for the best tactic with its activations mul
 SHARED_LOAD_ROWS = 32  # activation tiles from here on cost enough L2 traffic to share
 COLUMN_GROUP_CANDIDATES = 2  # slots for the best 64-row tactics with two warpgroups splitting the activations
 WEIGHT_AS_B_CANDIDATES = 4  # slots for the best tactics with the weight as wgmma's B, sized to fill the SMs
+# Slots for weight-as-B tiles whose weight tile is multicast to two activation tiles: on the H200 each such twin ran
+# 0.6-1.0 us faster back to back than its unshared tile at M=256 and 0.1-2.3 us after glue (docs/performance.md, v33).
+SHARED_WEIGHT_CANDIDATES = 2
 PADDED_TILE_CANDIDATES = 3  # slots for SM-filling weight-as-A tiles padded to whole warpgroups (padded_tile_tactics)
 FOLDED_CANDIDATES = 2  # slots for SM-filling tiles with K folded into one warpgroup tile (folded_tactics)
 # From these activation rows on the weight as B is worth timing: at M=64 its SM-filling tiles beat every
@@ -163,6 +167,16 @@ def folded_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, order=None) 
     return [t for t in found if order is None or t.summation_order == tuple(order)]
 
 
+def shared_weight_tactics(tactics, batch: int) -> list[SplitKTactic]:
+    """The weight-as-B ``tactics`` whose batch fills whole pairs of activation tiles, each weight tile multicast to
+    the pair."""
+    # Whole pairs only: the twin of a tile partly past the batch ran 1.2-1.3x slower than the unshared tile (v33), and
+    # an odd count of tiles would add one wholly past the batch.
+    twins = [replace(t, multicast=2) for t in tactics
+             if t.weight_as_b and t.multicast == 1 and batch % (2 * t.activation_rows) == 0]
+    return [t for t in twins if t.valid]
+
+
 def with_k_boxes(tactic: SplitKTactic, k_boxes: int) -> SplitKTactic:
     """``tactic`` with ``k_boxes`` boxes per stage and the same boxes in flight (so no more shared memory)."""
     return replace(tactic, k_boxes=k_boxes, stages=tactic.stages * tactic.k_boxes // k_boxes)
@@ -191,7 +205,7 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     family_bests.sort(key=ranked.index)
     chosen = [pick] + family_bests
     chosen += [t for t in ranked if t not in chosen]
-    padded, folded, columns, weight_as_b = [], [], [], []
+    padded, folded, columns, weight_as_b, shared_weight = [], [], [], [], []
     activation_rows = activation_rows_for(batch)
     if activation_rows < COMPUTE_BOUND_ROWS:
         padded = padded_tile_tactics(n, k, batch, gpu, order)[:PADDED_TILE_CANDIDATES]
@@ -200,9 +214,11 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
         columns = [replace(t, column_groups=2) for t in chosen if t.weight_rows == WGMMA_ROWS]
         columns = [t for t in columns if t.valid][:COLUMN_GROUP_CANDIDATES]
     if activation_rows >= WEIGHT_AS_B_ROWS and order is None:
-        weight_as_b = filling_tactics(n, k, batch, gpu, weight_as_b=True)[:WEIGHT_AS_B_CANDIDATES]
+        filling = filling_tactics(n, k, batch, gpu, weight_as_b=True)
+        weight_as_b = filling[:WEIGHT_AS_B_CANDIDATES]
+        shared_weight = shared_weight_tactics(filling, batch)[:SHARED_WEIGHT_CANDIDATES]
     reserved = SHARED_LOAD_CANDIDATES + (WIDE_STAGE_CANDIDATES if order is None else 0) + len(padded) \
-        + len(columns) + len(weight_as_b) + len(folded)
+        + len(columns) + len(weight_as_b) + len(shared_weight) + len(folded)
     base = chosen[: max(1, limit - reserved)]
     wide = []
     if order is None:
@@ -213,7 +229,7 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
         shared = [replace(base[0], multicast=group) for group in MULTICASTS[1:]]
         shared = [t for t in shared if t.valid and fits_like(t, base[0], n, batch, gpu)]
     rest = [t for t in chosen if t not in base]
-    return (base + wide + shared + padded + folded + columns + weight_as_b + rest)[:limit]
+    return (base + wide + shared + padded + folded + columns + weight_as_b + shared_weight + rest)[:limit]
 
 
 def early_dependents_tactics(tactics, gpu: GpuSpec = H200) -> list[SplitKTactic]:

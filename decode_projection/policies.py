@@ -146,9 +146,10 @@ def activation_tile_choices(batch: int) -> list[int]:
 
 
 def grid_ctas(tactic: SplitKTactic, n: int, batch: int) -> int:
-    """CTAs of ``tactic``'s grid, weight tiles rounded up to whole multicast groups."""
-    tiles = math.ceil(math.ceil(n / tactic.weight_rows) / tactic.multicast) * tactic.multicast
-    return tiles * tactic.split * math.ceil(batch / tactic.activation_rows)
+    """CTAs of ``tactic``'s grid, the tiles that share loads rounded up to whole multicast groups."""
+    weight_tiles = math.ceil(math.ceil(n / tactic.weight_rows) / tactic.activation_sharers) * tactic.activation_sharers
+    activation_tiles = math.ceil(math.ceil(batch / tactic.activation_rows) / tactic.weight_sharers) * tactic.weight_sharers
+    return weight_tiles * tactic.split * activation_tiles
 
 
 def waves(tactic: SplitKTactic, n: int, batch: int, gpu: GpuSpec = H200, per_sm: int = 1) -> int:

@@ -217,13 +217,13 @@ class PreparedProjection:
                 code = compile_projection(tactic, dtype, arch, self.weight.dtype, self.programmatic_launch)
                 _claim_device(code, self.device)
                 self.kernels[batch] = code
-                self.extra[batch] = self.weight_map(tactic.weight_rows)
+                self.extra[batch] = self.weight_map(tactic.weight_load_rows)
         self.weight_view = matrix_view(self.weight)
         self._prepared_storage = self._storage(self.weight)
         return self
 
     def weight_map(self, rows):
-        """The kernel's extra argument: A's map for ``rows``-row tiles."""
+        """The kernel's extra argument: the weight's map for loads of ``rows`` rows."""
         if rows not in self.maps:
             self.maps[rows] = weight_map(self.weight, rows)
         return (cutlass.Int64(self.maps[rows].data_ptr()),)

@@ -42,6 +42,9 @@ once. The kernel is shaped around that:
   in order. Narrow tiles that fill the SMs (3584 rows: 128 of 28) then keep a
   whole tile of weight bytes in flight with no cluster reduction, and sum as a
   split of as many ranks does.
+* With the weight as B, a cluster of 2 or 4 neighbouring activation tiles may
+  share each weight tile: every CTA loads a share of its rows by TMA multicast
+  into all of them, so each weight byte leaves L2 once, whatever the batch.
 * Split K across the ``split`` CTAs of a thread-block cluster (short N, long K
   needs more CTAs than N tiles to fill 132 SMs). Partial sums are reduced
   through distributed shared memory in a fixed rank order: no atomics, no
@@ -138,11 +141,11 @@ class SplitKGemm:
                               (t.activation_rows, t.tile_k, t.fold * t.stages))
             )
         act_tma, act_coords = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SMulticastOp() if t.multicast > 1 else cpasync.CopyBulkTensorTileG2SOp(),
+            cpasync.CopyBulkTensorTileG2SMulticastOp() if t.activation_sharers > 1 else cpasync.CopyBulkTensorTileG2SOp(),
             activations,
             cute.slice_(act_slots, (None, None, 0)),
             (t.activation_rows, t.tile_k),
-            num_multicast=t.multicast,
+            num_multicast=t.activation_sharers,
         )
 
         @cute.struct
@@ -157,11 +160,9 @@ class SplitKGemm:
             ]
 
         self.shared_storage = SharedStorage
-        n_tiles = cute.ceil_div(weight.shape[0], t.weight_rows)
-        if cutlass.const_expr(t.multicast > 1):
-            # Whole multicast groups: the tiles past N read zeros and store nothing.
-            n_tiles = cute.ceil_div(n_tiles, t.multicast) * t.multicast
-        m_tiles = cute.ceil_div(activations.shape[0], t.activation_rows)
+        # Whole multicast groups: the tiles past N (or M) read zeros and store nothing.
+        n_tiles = cute.ceil_div(cute.ceil_div(weight.shape[0], t.weight_rows), t.activation_sharers) * t.activation_sharers
+        m_tiles = cute.ceil_div(cute.ceil_div(activations.shape[0], t.activation_rows), t.weight_sharers) * t.weight_sharers
         self.kernel(
             tiled_mma, act_tma, act_coords, weight_smem, act_smem, act_slots, weight, out, weight_map
         ).launch(
@@ -169,7 +170,7 @@ class SplitKGemm:
             block=(t.threads, 1, 1),
             # A cluster of one CTA is launched as no cluster at all: the cluster launch cost
             # 0.3-0.5 us per launch after glue (docs/performance.md, v17).
-            cluster=(t.split * t.multicast, 1, 1) if t.split * t.multicast > 1 else None,
+            cluster=(t.split * t.activation_sharers, t.weight_sharers, 1) if t.split * t.multicast > 1 else None,
             stream=stream,
             use_pdl=self.programmatic_launch,
         )
@@ -191,7 +192,8 @@ class SplitKGemm:
         tidx, _, _ = cute.arch.thread_idx()
         bidx, m_tile, _ = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        # A cluster is ``multicast`` neighbouring weight tiles x ``split`` K slices.
+        # A cluster is ``multicast`` neighbouring weight tiles (or activation tiles, with the weight as B) x ``split``
+        # K slices, ranked sharer * split + rank either way.
         in_cluster = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
         rank, sharer = in_cluster, 0
         if cutlass.const_expr(t.multicast > 1):
@@ -251,17 +253,22 @@ class SplitKGemm:
                     # One fold slot's activation tile (the whole tile unfolded).
                     slot_mnk = (t.weight_smem_rows, t.activation_rows, t.tile_k)
                     g_act = cute.local_tile(act_coords, slot_mnk, (n_tile, m_tile, None, 0), proj=(None, 1, 1))
-                # Each sharer loads 1/multicast of the activation rows into every sharer.
+                # Each sharer loads 1/multicast of the shared tile's rows into every sharer.
+                activation_share = 0
+                if cutlass.const_expr(t.activation_sharers > 1):
+                    activation_share = sharer
                 t_act_smem, t_act_global = cpasync.tma_partition(
                     act_tma,
-                    sharer,
-                    cute.make_layout(t.multicast),
+                    activation_share,
+                    cute.make_layout(t.activation_sharers),
                     cute.group_modes(s_act_slots, 0, 2),
                     cute.group_modes(g_act, 0, 2),
                 )
                 sharers_mask = None
                 if cutlass.const_expr(t.multicast > 1):
                     sharers_mask = cutlass.Int16(sum(1 << (i * t.split) for i in range(t.multicast))) << rank
+                activation_mask = sharers_mask if cutlass.const_expr(t.activation_sharers > 1) else None
+                weight_mask = sharers_mask if cutlass.const_expr(t.weight_sharers > 1) else None
                 descriptor = cute.make_ptr(
                     cutlass.Int8, weight_map, cute.AddressSpace.generic, assumed_align=128
                 )
@@ -270,8 +277,12 @@ class SplitKGemm:
                 if nvvm.elect_sync():
                     nvvm.prefetch_tensormap(descriptor)
                 cpasync.prefetch_descriptor(act_tma)
+                # This CTA's share of the weight tile: its rows in global memory and in every sharer's stages.
                 weight_row = n_tile * t.weight_rows
                 weight_tiles = storage.weight_tiles.data_ptr()
+                if cutlass.const_expr(t.weight_sharers > 1):
+                    weight_row += sharer * t.weight_load_rows
+                    weight_tiles += sharer * t.weight_load_rows * BOX_K
 
                 # Weights do not depend on the previous kernel (programmatic dependent
                 # launch), so the first stages stream while it finishes; activations do.
@@ -279,20 +290,20 @@ class SplitKGemm:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, t.stages)
                 for i in cutlass.range(prefetch, unroll=1):
                     tiles.producer_acquire(state)
-                    self.load_weight(weight_tiles, state, descriptor, tiles, k_begin + i, fold_stride, weight_row)
+                    self.load_weight(weight_tiles, state, descriptor, tiles, k_begin + i, fold_stride, weight_row, weight_mask)
                     state.advance()
                 cute.arch.griddepcontrol_wait()
                 early = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, t.stages)
                 for i in cutlass.range(prefetch, unroll=1):
                     self.load_activations(
-                        act_tma, t_act_global, t_act_smem, early, tiles, k_begin + i, fold_stride, sharers_mask
+                        act_tma, t_act_global, t_act_smem, early, tiles, k_begin + i, fold_stride, activation_mask
                     )
                     early.advance()
                 for i in cutlass.range(prefetch, k_count, unroll=1):
                     tiles.producer_acquire(state)
-                    self.load_weight(weight_tiles, state, descriptor, tiles, k_begin + i, fold_stride, weight_row)
+                    self.load_weight(weight_tiles, state, descriptor, tiles, k_begin + i, fold_stride, weight_row, weight_mask)
                     self.load_activations(
-                        act_tma, t_act_global, t_act_smem, state, tiles, k_begin + i, fold_stride, sharers_mask
+                        act_tma, t_act_global, t_act_smem, state, tiles, k_begin + i, fold_stride, activation_mask
                     )
                     state.advance()
                 if cutlass.const_expr(not t.dependents_at_start):
@@ -481,7 +492,8 @@ class SplitKGemm:
     def sharing_layout(self):
         """Who fills whose pipeline stages, for the pipeline's release signals."""
         # Without multicast every CTA fills only its own stages (a CTA-local pipeline, whatever the split). With it,
-        # sharers sit on the M mode (they hold different weight rows and receive the same activation tile) and split
+        # sharers sit on the M mode (they hold different weight rows and receive the same activation tile, or with the
+        # weight as B the other way round: the stages they fill are the same either way) and split
         # ranks on the K mode (they share nothing): cluster rank = sharer * split + rank.
         t = self.tactic
         if t.multicast == 1:
@@ -489,23 +501,30 @@ class SplitKGemm:
         return cute.make_layout((1, t.multicast, 1, t.split), stride=(0, t.split, 0, 1))
 
     @cute.jit
-    def load_weight(self, weight_tiles, state, descriptor, tiles, k_tile, fold_stride, weight_row):
-        """One weight tile by TMA through the device-resident map, evicted first from L2."""
+    def load_weight(self, weight_tiles, state, descriptor, tiles, k_tile, fold_stride, weight_row, sharers_mask):
+        """This CTA's share of one weight tile by TMA through the device-resident map, to every sharer, evicted first
+        from L2."""
         # A stage of ``k_boxes`` boxes asks for that many adjacent 128-byte pieces of every weight row at once (the
         # shared-memory layout keeps each box's rows x 64 block contiguous, one after another along K). Folded, each K
         # segment's rows fill their slot of every box (slots are whole 8-row swizzle atoms).
+        # Shared (``sharers_mask``), every sharer's barrier at the same offset counts the bytes landing in its CTA.
         t = self.tactic
         if nvvm.elect_sync():
             for segment in cutlass.range_constexpr(t.fold):
                 for box in cutlass.range_constexpr(t.k_boxes):
-                    nvvm.cp_async_bulk_tensor_shared_cta_global(
-                        weight_tiles + state.index * (t.weight_smem_rows * t.tile_k)
-                        + box * (t.weight_smem_rows * BOX_K) + segment * (t.slot_rows * BOX_K),
-                        descriptor,
-                        [(k_tile + segment * fold_stride) * t.tile_k + box * BOX_K, weight_row],
-                        tiles.producer_get_barrier(state),
-                        l2_cache_hint=EVICT_FIRST,
-                    )
+                    target = (weight_tiles + state.index * (t.weight_smem_rows * t.tile_k)
+                              + box * (t.weight_smem_rows * BOX_K) + segment * (t.slot_rows * BOX_K))
+                    coordinates = [(k_tile + segment * fold_stride) * t.tile_k + box * BOX_K, weight_row]
+                    if cutlass.const_expr(sharers_mask is None):
+                        nvvm.cp_async_bulk_tensor_shared_cta_global(
+                            target, descriptor, coordinates, tiles.producer_get_barrier(state),
+                            l2_cache_hint=EVICT_FIRST,
+                        )
+                    else:
+                        nvvm.cp_async_bulk_tensor_shared_cluster_global(
+                            target, descriptor, coordinates, tiles.producer_get_barrier(state), [],
+                            multicast_mask=sharers_mask, l2_cache_hint=EVICT_FIRST,
+                        )
 
     @cute.jit
     def load_activations(self, act_tma, t_act_global, t_act_smem, state, tiles, k_tile, fold_stride, sharers_mask):

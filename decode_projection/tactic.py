@@ -44,7 +44,10 @@ FOLDS = (1, 2, 4)
 # A folded tile may hold any number of rows up to its slot (tiles that fill the SMs: 3584 rows in 128 tiles of 28).
 WEIGHT_ROWS_FOLDED = tuple(range(1, WGMMA_ROWS // FOLDS[1] + 1))
 SPLITS = tuple(range(1, 9))  # 3, 5, 6 and 7 too: clusters need not be powers of two
-MULTICASTS = (1, 2, 4)  # CTAs of neighbouring weight tiles that share one activation load
+# CTAs that share one load by TMA multicast: with the weight as A, neighbouring weight tiles share their activation
+# tile; with the weight as B, neighbouring activation tiles share their weight tile, each CTA loading 1/multicast of
+# its rows (a cluster of two 128-row activation tiles reads each weight byte from L2 once, cuBLAS's shape at M=256).
+MULTICASTS = (1, 2, 4)
 PORTABLE_CLUSTER = 8  # CTAs a cluster (split x multicast) may hold without the non-portable attribute
 SMEM_CAPACITY = 227 * 1024  # sm_90 opt-in shared memory per block
 # Each quarter of an SM has 16384 registers for one warp of every warpgroup; a launch gives every thread an even
@@ -62,7 +65,7 @@ BARRIER_BYTES = 1024  # mbarriers, rounded up to the 1024-byte tile alignment
 @dataclass(frozen=True)
 class SplitKTactic:
     """One kernel configuration: weight rows per CTA, activation rows per CTA, split K, stages,
-    TMA boxes per stage along K, how many weight tiles share each activation load, how many
+    TMA boxes per stage along K, how many CTAs share each load of the operand they have in common, how many
     consumer warpgroups split the activation tile between them, whether the weight is
     wgmma's B operand (activations A) instead of A, and whether the launch lets the next
     (programmatic) launch in as it starts instead of once its weights are streamed."""
@@ -92,6 +95,21 @@ class SplitKTactic:
         """True where the GPU tests verify batch invariance: the weight as wgmma's A (whole warpgroup tiles,
         and tiles padded to them or folded, which sum every output as the whole tile of their order does)."""
         return not self.weight_as_b
+
+    @property
+    def activation_sharers(self) -> int:
+        """CTAs (of neighbouring weight tiles) that each load a share of one activation tile into all of them."""
+        return 1 if self.weight_as_b else self.multicast
+
+    @property
+    def weight_sharers(self) -> int:
+        """CTAs (of neighbouring activation tiles) that each load a share of one weight tile into all of them."""
+        return self.multicast if self.weight_as_b else 1
+
+    @property
+    def weight_load_rows(self) -> int:
+        """Weight rows of one TMA load: the device map's box."""
+        return self.weight_rows // self.weight_sharers
 
     @property
     def tile_k(self) -> int:
@@ -232,8 +250,10 @@ class SplitKTactic:
         if self.dependents_at_start and self.split * self.multicast > 1:
             # Measured, not a limit of the hardware: clusters lost up to 2.9 us that way (docs/performance.md, v21).
             found.append("only unclustered launches (split 1, multicast 1) let the next launch in as they start")
-        if self.activation_rows % (8 * self.multicast):
+        if self.activation_rows % (8 * self.activation_sharers):
             found.append(f"{self.activation_rows} activation rows do not split into {self.multicast} loads of 8n rows")
+        if self.weight_sharers > 1 and self.weight_rows % (8 * self.weight_sharers):
+            found.append(f"{self.weight_rows} weight rows do not split into {self.multicast} loads of 8n rows")
         if self.column_groups > 1 and (self.weight_as_b or self.weight_rows != WGMMA_ROWS or self.activation_rows < 128):
             found.append("column groups split only 64-row weight tiles of 128 or more activation rows, "
                          "with the weight as A")

@@ -49,7 +49,7 @@ def launch_cells(labels_path):
         projection = PreparedProjection.for_weight(weight, batches=(batch,))
         tactic = projection.policies[batch]
         for name, promotion in promotions.items():
-            device_map = weight_map(weight, tactic.weight_rows, promotion)
+            device_map = weight_map(weight, tactic.weight_load_rows, promotion)
             alive.append(device_map)
             extra = (cutlass.Int64(device_map.data_ptr()),)
 

@@ -1,8 +1,9 @@
 """A few small projections for compute-sanitizer (memcheck, racecheck): split 1, 2, 4 and 8; 1, 2 and 4 K boxes;
 activations multicast to 2 and 4 weight tiles; 64, 128 and 192 weight rows (the last with 256 activation rows too);
 two consumer warpgroups splitting the activation tile; the weight as wgmma's B, with one to four warpgroups of
-activations; weight tiles padded to whole warpgroups; the unsplit epilogue staged in shared memory, with and
-without 16-byte output stores; K folded. Arguments, if any, are the indices in CASES of the cases to run."""
+activations, and multicast to 2 activation tiles; weight tiles padded to whole warpgroups; the unsplit epilogue
+staged in shared memory, with and without 16-byte output stores; K folded. Arguments, if any, are the indices in
+CASES of the cases to run."""
 
 import sys
 
@@ -31,9 +32,11 @@ CASES = [
     # Two consumer warpgroups splitting the activation tile, alone and with split K.
     (SplitKTactic(64, 256, 1, 4, 1, 1, 2), 200, 1000, 256),
     (SplitKTactic(64, 128, 4, 3, 1, 1, 2), 136, 1544, 100),
-    # The weight as wgmma's B in tiles that are not a multiple of 64 rows: alone, with split K and multicast.
+    # The weight as wgmma's B in tiles that are not a multiple of 64 rows: alone, and with split K and the weight
+    # multicast to two activation tiles (the second past M in the last case).
     (SplitKTactic(112, 128, 1, 4, 1, 1, 1, True), 300, 1000, 200),
-    (SplitKTactic(40, 64, 3, 4, 2, 2, 1, True), 136, 1544, 100),
+    (SplitKTactic(48, 64, 3, 4, 2, 2, 1, True), 136, 1544, 100),
+    (SplitKTactic(144, 128, 1, 4, 1, 2, 1, True), 300, 1000, 100),
     # The weight as B with four consumer warpgroups of activations that take a producer warpgroup's registers,
     # four without, with split K, and three.
     (SplitKTactic(160, 256, 1, 4, 1, 1, 1, True), 500, 1000, 250),

@@ -51,10 +51,11 @@ def test_every_tactic_matches_float64(tactic):
 
 
 # Unsplit tactics of 32+ activation rows stage 16-bit outputs in shared memory and store 16 bytes at a time:
-# one, two and three warpgroups, a padded tile, two column groups, multicast, the weight as B.
+# one, two and three warpgroups, a padded tile, two column groups, multicast, the weight as B (multicast too).
 STAGED = [
     SplitKTactic(64, 64, 1, 4), SplitKTactic(128, 32, 1, 4), SplitKTactic(192, 256, 1, 3), SplitKTactic(56, 48, 1, 4, 2),
     SplitKTactic(64, 256, 1, 4, 1, 1, 2), SplitKTactic(64, 64, 1, 3, 1, 2), SplitKTactic(112, 128, 1, 4, weight_as_b=True),
+    SplitKTactic(112, 128, 1, 4, 1, 2, weight_as_b=True),
 ]
 
 

@@ -194,6 +194,18 @@ def test_weight_as_b_candidates_fill_the_sms_from_32_activation_rows_on():
     assert grid_ctas(streaming, 6288, 64) == 131
 
 
+def test_weight_multicast_twins_pair_whole_activation_tiles():
+    """Shared-weight candidates only where the batch fills whole pairs of activation tiles; the grid pads to pairs."""
+    found = [t for t in candidate_tactics(7168, 14336, 256, limit=16) if t.weight_as_b and t.multicast == 2]
+    assert SplitKTactic(112, 128, 1, 7, 1, 2, weight_as_b=True) in found
+    for batch in (96, 192, 256):
+        for tactic in candidates.shared_weight_tactics(filling_tactics(2112, 7168, batch, weight_as_b=True), batch):
+            assert batch % (2 * tactic.activation_rows) == 0 and tactic.valid
+    # Three 64-row activation tiles make two pairs, the last wholly past the batch.
+    assert grid_ctas(SplitKTactic(112, 64, 1, 7, 1, 2, weight_as_b=True), 7168, 192) == 64 * 4
+    assert grid_ctas(SplitKTactic(112, 64, 1, 7, 1, 2), 7168, 192) == 64 * 3
+
+
 def test_padded_weight_tiles_fill_the_sms_at_streaming_batches():
     # 7168 rows: 128 tiles of 56 (padded to one warpgroup); 6288: 131 of 48; 20480: 128 of 160 (three warpgroups).
     for (n, rows, ctas) in ((7168, 56, 128), (6288, 48, 131), (20480, 160, 128)):

@@ -170,6 +170,22 @@ def test_register_handover_rules():
         "four consumer warpgroups hold at most 80 accumulators per thread, not 88"]
 
 
+def test_weight_multicast_shares_the_weight_tile_between_activation_tiles():
+    """With the weight as B, multicast splits each weight tile's load between neighbouring activation tiles."""
+    shared = SplitKTactic(144, 128, 4, 6, 1, 2, weight_as_b=True)
+    assert (shared.weight_sharers, shared.activation_sharers, shared.weight_load_rows) == (2, 1, 72)
+    # Every CTA's stage still receives the whole weight tile and its own activation tile.
+    assert shared.stage_load_bytes == (144 + 128) * 64 * 2
+    as_a = SplitKTactic(64, 128, 2, 9, 1, 4)
+    assert (as_a.weight_sharers, as_a.activation_sharers, as_a.weight_load_rows) == (1, 4, 64)
+    assert SplitKTactic(40, 128, 1, 5, 1, 4, weight_as_b=True).problems() == [
+        "40 weight rows do not split into 4 loads of 8n rows"]
+    # The loads: the weight's multicast into the pair, each CTA's own activation tile alone.
+    sass = kernel_report(compile_projection(shared, torch.bfloat16, "sm_90a")).sass
+    loads = [line.split()[1] for line in sass.splitlines() if "UTMALDG" in line]
+    assert {"UTMALDG.2D.MULTICAST", "UTMALDG.2D"} == set(loads)
+
+
 def test_padded_weight_tile_loads_its_rows_into_whole_warpgroup_tiles():
     padded = SplitKTactic(56, 8, 1, 4, 2)
     assert padded.valid and padded.consumer_groups == 1 and padded.tile_mnk == (64, 8, 128)
