@@ -24,8 +24,8 @@ batches the reserved slots alone exceed 8: the H200 tables were tuned with 12 to
    the tensor pipe is for timing to tell).
 6. From WEIGHT_AS_B_ROWS activation rows on, WEIGHT_AS_B_CANDIDATES with the
    weight as wgmma's B, unless an order is pinned (the GPU tests verify batch
-   invariance for the weight as A only), then SHARED_WEIGHT_CANDIDATES of them
-   (``shared_weight_tactics``) with each weight tile multicast to two activation tiles.
+   invariance for the weight as A only), then SHARED_WEIGHT_CANDIDATES whose
+   weight tile is multicast to the batch's 2 to 4 activation tiles (``shared_weight_tactics``).
 
 The tuner adds the twins of some that let the next launch in as they start
 (``early_dependents_tactics``).
@@ -41,7 +41,8 @@ from .policies import (
     waves,
 )
 from .tactic import (
-    ACTIVATION_ROWS_AS_A, BARRIER_BYTES, FOLDS, K_BOXES, MOST_PARTIALS_OF_FOUR_GROUPS, MULTICASTS, SPLITS, WEIGHT_ROWS,
+    ACTIVATION_ROWS_AS_A, BARRIER_BYTES, FOLDS, K_BOXES, MOST_PARTIALS_OF_FOUR_GROUPS, MULTICASTS, PORTABLE_CLUSTER,
+    SPLITS, WEIGHT_ROWS,
     WEIGHT_ROWS_AS_A, WEIGHT_ROWS_AS_B, WGMMA_ROWS, SplitKTactic, max_stages,
 )
 
@@ -50,9 +51,10 @@ SHARED_LOAD_CANDIDATES = 2  # slots for the best tactic with its activations mul
 SHARED_LOAD_ROWS = 32  # activation tiles from here on cost enough L2 traffic to share
 COLUMN_GROUP_CANDIDATES = 2  # slots for the best 64-row tactics with two warpgroups splitting the activations
 WEIGHT_AS_B_CANDIDATES = 4  # slots for the best tactics with the weight as wgmma's B, sized to fill the SMs
-# Slots for weight-as-B tiles whose weight tile is multicast to two activation tiles: on the H200 each such twin ran
-# 0.6-1.0 us faster back to back than its unshared tile at M=256 and 0.1-2.3 us after glue (docs/performance.md, v33).
-SHARED_WEIGHT_CANDIDATES = 2
+# Slots for weight-as-B tiles whose weight tile is multicast to every activation tile of the batch: on the H200 each
+# 128-row pair ran 0.6-1.0 us faster back to back than its unshared tile at M=256 and 0.1-2.3 us after glue, and three
+# 64-row tiles sharing 96-row weight tiles took 3072 x 7168 M=192 from 20.8 to 18.3 us (docs/performance.md, v33).
+SHARED_WEIGHT_CANDIDATES = 3
 PADDED_TILE_CANDIDATES = 3  # slots for SM-filling weight-as-A tiles padded to whole warpgroups (padded_tile_tactics)
 FOLDED_CANDIDATES = 2  # slots for SM-filling tiles with K folded into one warpgroup tile (folded_tactics)
 # From these activation rows on the weight as B is worth timing: at M=64 its SM-filling tiles beat every
@@ -167,19 +169,32 @@ def folded_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, order=None) 
     return [t for t in found if order is None or t.summation_order == tuple(order)]
 
 
-def shared_weight_tactics(tactics, batch: int) -> list[SplitKTactic]:
-    """The weight-as-B ``tactics`` whose batch fills whole pairs of activation tiles, each weight tile multicast to
-    the pair (rounded up to 16 rows, two loads of 8n)."""
-    # Whole pairs only: the twin of a tile partly past the batch ran 1.2-1.3x slower than the unshared tile (v33), and
-    # an odd count of tiles would add one wholly past the batch. Rounded up, 3584 rows in 56 tiles of 64 x 2 ran
-    # faster on both counts than the unshared SM-filling 56-row tiles (v33b).
-    twins = []
-    for t in tactics:
-        if t.weight_as_b and t.multicast == 1 and batch % (2 * t.activation_rows) == 0:
-            rows = 16 * math.ceil(t.weight_rows / 16)
-            stages = min(t.stages, max_stages(rows, t.activation_rows, t.split, t.k_boxes, weight_as_b=True))
-            twins.append(replace(t, weight_rows=rows, stages=stages, multicast=2))
-    return [t for t in dict.fromkeys(twins) if t.valid]
+def shared_weight_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> list[SplitKTactic]:
+    """Per activation tile that divides the batch into 2 to 4 tiles, and split, the narrowest weight tile whose
+    clusters (every activation tile sharing it) fit at once; the best predicted unsplit and split first."""
+    # Whole tiles only: a tile partly past the batch ran its twin 1.2-1.3x slower than the unshared tile (v33).
+    # Clusters of 4 to 8 CTAs fit fewer than SMs / size at once (GpuSpec.cluster_slots): every slow shared tile of the
+    # v33 probes needed a second wave of clusters.
+    found = []
+    for acts in ACTIVATION_ROWS_AS_A:
+        sharers = batch // acts
+        if batch % acts or sharers not in MULTICASTS[1:]:
+            continue
+        rows_cap = 2 * MOST_PARTIALS_OF_FOUR_GROUPS if acts == 4 * WGMMA_ROWS else WEIGHT_ROWS_AS_B[-1]
+        for split in [s for s in SPLITS if s <= largest_split(k) and s * sharers <= PORTABLE_CLUSTER]:
+            load_rows = 8 * sharers
+            rows = load_rows * math.ceil(n / (load_rows * gpu.clusters_at_once(split * sharers)))
+            if SplitKTactic(rows, acts, split, 2, weight_as_b=True).reallocates_registers:
+                whole = math.lcm(load_rows, 16)  # wgmma N, halved where registers are reallocated, is 8k
+                rows = whole * math.ceil(rows / whole)
+            tactic = SplitKTactic(rows, acts, split, max_stages(rows, acts, split, weight_as_b=True), 1, sharers,
+                                  weight_as_b=True)
+            if rows <= rows_cap and tactic.stages >= MIN_STAGES and tactic.valid:
+                found.append(tactic)
+    found.sort(key=lambda t: (predicted_time_us(n, k, batch, t, gpu), str(t)))
+    leaders = [t for t in (next((t for t in found if t.split == 1), None),
+                           next((t for t in found if t.split > 1), None)) if t is not None]
+    return leaders + [t for t in found if t not in leaders]
 
 
 def with_k_boxes(tactic: SplitKTactic, k_boxes: int) -> SplitKTactic:
@@ -219,9 +234,9 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
         columns = [replace(t, column_groups=2) for t in chosen if t.weight_rows == WGMMA_ROWS]
         columns = [t for t in columns if t.valid][:COLUMN_GROUP_CANDIDATES]
     if activation_rows >= WEIGHT_AS_B_ROWS and order is None:
-        filling = filling_tactics(n, k, batch, gpu, weight_as_b=True)
-        weight_as_b = filling[:WEIGHT_AS_B_CANDIDATES]
-        shared_weight = shared_weight_tactics(filling, batch)[:SHARED_WEIGHT_CANDIDATES]
+        weight_as_b = filling_tactics(n, k, batch, gpu, weight_as_b=True)[:WEIGHT_AS_B_CANDIDATES]
+        shared_weight = [t for t in shared_weight_tactics(n, k, batch, gpu)
+                         if t not in weight_as_b][:SHARED_WEIGHT_CANDIDATES]
     reserved = SHARED_LOAD_CANDIDATES + (WIDE_STAGE_CANDIDATES if order is None else 0) + len(padded) \
         + len(columns) + len(weight_as_b) + len(shared_weight) + len(folded)
     base = chosen[: max(1, limit - reserved)]
@@ -231,7 +246,7 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
         wide = [t for t in wide if t.valid and fills_every_rank(t, k) and t not in base]
     shared = []
     if base[0].activation_rows >= SHARED_LOAD_ROWS:
-        shared = [replace(base[0], multicast=group) for group in MULTICASTS[1:]]
+        shared = [replace(base[0], multicast=group) for group in MULTICASTS[1:] if group != 3]
         shared = [t for t in shared if t.valid and fits_like(t, base[0], n, batch, gpu)]
     rest = [t for t in chosen if t not in base]
     return (base + wide + shared + padded + folded + columns + weight_as_b + shared_weight + rest)[:limit]

@@ -47,7 +47,8 @@ SPLITS = tuple(range(1, 9))  # 3, 5, 6 and 7 too: clusters need not be powers of
 # CTAs that share one load by TMA multicast: with the weight as A, neighbouring weight tiles share their activation
 # tile; with the weight as B, neighbouring activation tiles share their weight tile, each CTA loading 1/multicast of
 # its rows (a cluster of two 128-row activation tiles reads each weight byte from L2 once, cuBLAS's shape at M=256).
-MULTICASTS = (1, 2, 4)
+# Three share only a weight tile: three 64-row activation tiles cover M=192.
+MULTICASTS = (1, 2, 3, 4)
 PORTABLE_CLUSTER = 8  # CTAs a cluster (split x multicast) may hold without the non-portable attribute
 SMEM_CAPACITY = 227 * 1024  # sm_90 opt-in shared memory per block
 # Each quarter of an SM has 16384 registers for one warp of every warpgroup; a launch gives every thread an even
@@ -250,6 +251,8 @@ class SplitKTactic:
         if self.dependents_at_start and self.split * self.multicast > 1:
             # Measured, not a limit of the hardware: clusters lost up to 2.9 us that way (docs/performance.md, v21).
             found.append("only unclustered launches (split 1, multicast 1) let the next launch in as they start")
+        if self.activation_sharers == 3:
+            found.append("three CTAs share only a weight tile (the weight as B), not an activation tile")
         if self.activation_rows % (8 * self.activation_sharers):
             found.append(f"{self.activation_rows} activation rows do not split into {self.multicast} loads of 8n rows")
         if self.weight_sharers > 1 and self.weight_rows % (8 * self.weight_sharers):

@@ -1,7 +1,7 @@
 """A few small projections for compute-sanitizer (memcheck, racecheck): split 1, 2, 4 and 8; 1, 2 and 4 K boxes;
 activations multicast to 2 and 4 weight tiles; 64, 128 and 192 weight rows (the last with 256 activation rows too);
 two consumer warpgroups splitting the activation tile; the weight as wgmma's B, with one to four warpgroups of
-activations, and multicast to 2 activation tiles; weight tiles padded to whole warpgroups; the unsplit epilogue
+activations, and multicast to 2 or 3 activation tiles; weight tiles padded to whole warpgroups; the unsplit epilogue
 staged in shared memory, with and without 16-byte output stores; K folded. Arguments, if any, are the indices in
 CASES of the cases to run."""
 
@@ -33,10 +33,11 @@ CASES = [
     (SplitKTactic(64, 256, 1, 4, 1, 1, 2), 200, 1000, 256),
     (SplitKTactic(64, 128, 4, 3, 1, 1, 2), 136, 1544, 100),
     # The weight as wgmma's B in tiles that are not a multiple of 64 rows: alone, and with split K and the weight
-    # multicast to two activation tiles (the second past M in the last case).
+    # multicast to two or three activation tiles (the last one past M in the last two cases).
     (SplitKTactic(112, 128, 1, 4, 1, 1, 1, True), 300, 1000, 200),
     (SplitKTactic(48, 64, 3, 4, 2, 2, 1, True), 136, 1544, 100),
     (SplitKTactic(144, 128, 1, 4, 1, 2, 1, True), 300, 1000, 100),
+    (SplitKTactic(96, 64, 1, 4, 1, 3, 1, True), 300, 1000, 100),
     # The weight as B with four consumer warpgroups of activations that take a producer warpgroup's registers,
     # four without, with split K, and three.
     (SplitKTactic(160, 256, 1, 4, 1, 1, 1, True), 500, 1000, 250),

@@ -56,13 +56,14 @@ GRID += [
 
 # The weight as wgmma's B (activations A, one to four warpgroups of 64 rows), in weight tiles of any multiple
 # of 8 rows: ragged N tiles, split K with uneven slices, wide stages, the narrowest and widest tiles, and the weight
-# tile multicast to 2 or 4 activation tiles (one batch leaves the cluster's other tiles past M).
+# tile multicast to 2, 3 or 4 activation tiles (one batch leaves the cluster's other tiles past M).
 GRID += [
     SplitKTactic(rows, acts, split, stages, boxes, multicast, 1, True)
     for rows, acts, split, stages, boxes, multicast in (
         (112, 128, 1, 4, 1, 1), (96, 64, 2, 4, 1, 1), (256, 128, 1, 3, 1, 1), (8, 64, 3, 4, 2, 1),
         (112, 128, 2, 4, 1, 2), (32, 128, 1, 5, 1, 4), (56, 64, 4, 3, 4, 1), (200, 128, 7, 3, 1, 1),
         (24, 128, 1, 11, 1, 1), (144, 128, 4, 6, 1, 2), (64, 64, 2, 4, 2, 4), (256, 64, 1, 3, 1, 2),
+        (168, 64, 1, 7, 1, 3), (96, 64, 2, 5, 2, 3),
         # The SM-filling tiles the tuner found at streaming batches (one 64-row activation tile).
         (48, 64, 1, 16, 1, 1), (160, 64, 1, 8, 1, 1),
         # Three and four warpgroups of activations: registers reallocated or not, split K (with them too), multicast.

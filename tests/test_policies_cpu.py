@@ -194,14 +194,18 @@ def test_weight_as_b_candidates_fill_the_sms_from_32_activation_rows_on():
     assert grid_ctas(streaming, 6288, 64) == 131
 
 
-def test_weight_multicast_twins_pair_whole_activation_tiles():
-    """Shared-weight candidates only where the batch fills whole pairs of activation tiles; the grid pads to pairs."""
-    found = [t for t in candidate_tactics(7168, 14336, 256, limit=16) if t.weight_as_b and t.multicast == 2]
-    assert SplitKTactic(112, 128, 1, 7, 1, 2, weight_as_b=True) in found
-    for batch in (96, 192, 256):
-        for tactic in candidates.shared_weight_tactics(filling_tactics(2112, 7168, batch, weight_as_b=True), batch):
-            assert batch % (2 * tactic.activation_rows) == 0 and tactic.valid
-    # Three 64-row activation tiles make two pairs, the last wholly past the batch.
+def test_shared_weight_tiles_serve_the_whole_batch_in_one_wave():
+    """Shared-weight candidates: every activation tile of the batch shares each weight tile, clusters in one wave."""
+    for (n, k) in KIMI_K3_SHAPES:
+        for batch in (96, 128, 192, 256):
+            for tactic in candidates.shared_weight_tactics(n, k, batch):
+                assert tactic.valid and tactic.weight_as_b, tactic
+                assert batch == tactic.multicast * tactic.activation_rows, tactic
+                assert waves(tactic, n, batch) == 1, tactic
+    # Three 64-row activation tiles share 96-row weight tiles: 32 clusters of 3 (the v33 probe's winner).
+    assert candidates.shared_weight_tactics(3072, 7168, 192)[0] == SplitKTactic(96, 64, 1, 11, 1, 3, weight_as_b=True)
+    assert SplitKTactic(112, 128, 1, 7, 1, 2, weight_as_b=True) in candidate_tactics(7168, 14336, 256, limit=16)
+    # Three 64-row activation tiles with pairs would take two pairs, the last wholly past the batch.
     assert grid_ctas(SplitKTactic(112, 64, 1, 7, 1, 2, weight_as_b=True), 7168, 192) == 64 * 4
     assert grid_ctas(SplitKTactic(112, 64, 1, 7, 1, 2), 7168, 192) == 64 * 3
 

@@ -180,6 +180,9 @@ def test_weight_multicast_shares_the_weight_tile_between_activation_tiles():
     assert (as_a.weight_sharers, as_a.activation_sharers, as_a.weight_load_rows) == (1, 4, 64)
     assert SplitKTactic(40, 128, 1, 5, 1, 4, weight_as_b=True).problems() == [
         "40 weight rows do not split into 4 loads of 8n rows"]
+    assert SplitKTactic(96, 64, 1, 11, 1, 3, weight_as_b=True).valid
+    assert SplitKTactic(64, 48, 1, 4, 1, 3).problems() == [
+        "three CTAs share only a weight tile (the weight as B), not an activation tile"]
     # The loads: the weight's multicast into the pair, each CTA's own activation tile alone.
     sass = kernel_report(compile_projection(shared, torch.bfloat16, "sm_90a")).sass
     loads = [line.split()[1] for line in sass.splitlines() if "UTMALDG" in line]
