@@ -147,9 +147,9 @@ def activation_tile_choices(batch: int) -> list[int]:
 
 def grid_ctas(tactic: SplitKTactic, n: int, batch: int) -> int:
     """CTAs of ``tactic``'s grid, the tiles that share loads rounded up to whole multicast groups."""
-    weight_tiles = math.ceil(math.ceil(n / tactic.weight_rows) / tactic.activation_sharers) * tactic.activation_sharers
-    activation_tiles = math.ceil(math.ceil(batch / tactic.activation_rows) / tactic.weight_sharers) * tactic.weight_sharers
-    return weight_tiles * tactic.split * activation_tiles
+    weight_groups = math.ceil(math.ceil(n / tactic.weight_rows) / tactic.activation_sharers)
+    activation_groups = math.ceil(math.ceil(batch / tactic.activation_rows) / tactic.weight_sharers)
+    return weight_groups * tactic.activation_sharers * tactic.split * activation_groups * tactic.weight_sharers
 
 
 def waves(tactic: SplitKTactic, n: int, batch: int, gpu: GpuSpec = H200, per_sm: int = 1) -> int:

@@ -42,7 +42,7 @@ once. The kernel is shaped around that:
   in order. Narrow tiles that fill the SMs (3584 rows: 128 of 28) then keep a
   whole tile of weight bytes in flight with no cluster reduction, and sum as a
   split of as many ranks does.
-* With the weight as B, a cluster of 2 or 4 neighbouring activation tiles may
+* With the weight as B, a cluster of 2 to 4 neighbouring activation tiles may
   share each weight tile: every CTA loads a share of its rows by TMA multicast
   into all of them, so each weight byte leaves L2 once, whatever the batch.
 * Split K across the ``split`` CTAs of a thread-block cluster (short N, long K
@@ -141,7 +141,8 @@ class SplitKGemm:
                               (t.activation_rows, t.tile_k, t.fold * t.stages))
             )
         act_tma, act_coords = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SMulticastOp() if t.activation_sharers > 1 else cpasync.CopyBulkTensorTileG2SOp(),
+            cpasync.CopyBulkTensorTileG2SMulticastOp() if t.activation_sharers > 1
+            else cpasync.CopyBulkTensorTileG2SOp(),
             activations,
             cute.slice_(act_slots, (None, None, 0)),
             (t.activation_rows, t.tile_k),
@@ -161,8 +162,9 @@ class SplitKGemm:
 
         self.shared_storage = SharedStorage
         # Whole multicast groups: the tiles past N (or M) read zeros and store nothing.
-        n_tiles = cute.ceil_div(cute.ceil_div(weight.shape[0], t.weight_rows), t.activation_sharers) * t.activation_sharers
-        m_tiles = cute.ceil_div(cute.ceil_div(activations.shape[0], t.activation_rows), t.weight_sharers) * t.weight_sharers
+        n_groups = cute.ceil_div(cute.ceil_div(weight.shape[0], t.weight_rows), t.activation_sharers)
+        m_groups = cute.ceil_div(cute.ceil_div(activations.shape[0], t.activation_rows), t.weight_sharers)
+        n_tiles, m_tiles = n_groups * t.activation_sharers, m_groups * t.weight_sharers
         self.kernel(
             tiled_mma, act_tma, act_coords, weight_smem, act_smem, act_slots, weight, out, weight_map
         ).launch(
@@ -290,7 +292,9 @@ class SplitKGemm:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, t.stages)
                 for i in cutlass.range(prefetch, unroll=1):
                     tiles.producer_acquire(state)
-                    self.load_weight(weight_tiles, state, descriptor, tiles, k_begin + i, fold_stride, weight_row, weight_mask)
+                    self.load_weight(
+                        weight_tiles, state, descriptor, tiles, k_begin + i, fold_stride, weight_row, weight_mask
+                    )
                     state.advance()
                 cute.arch.griddepcontrol_wait()
                 early = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, t.stages)
@@ -301,7 +305,9 @@ class SplitKGemm:
                     early.advance()
                 for i in cutlass.range(prefetch, k_count, unroll=1):
                     tiles.producer_acquire(state)
-                    self.load_weight(weight_tiles, state, descriptor, tiles, k_begin + i, fold_stride, weight_row, weight_mask)
+                    self.load_weight(
+                        weight_tiles, state, descriptor, tiles, k_begin + i, fold_stride, weight_row, weight_mask
+                    )
                     self.load_activations(
                         act_tma, t_act_global, t_act_smem, state, tiles, k_begin + i, fold_stride, activation_mask
                     )
