@@ -88,7 +88,7 @@ class SplitKGemm:
     """out (N, M, 1), N-major = weight (N, K, 1) K-major x activations (M, K, 1) K-major.
 
     Contracts: K % 8 == 0 and 16-byte row pitches for weight and activations
-    (TMA); the weight descriptor has box {64, weight_rows} with 128-byte swizzle;
+    (TMA); the weight descriptor has box {64, weight_load_rows} with 128-byte swizzle;
     any N and M (ragged tiles are zero-filled on load and masked on store);
     the output needs only unit stride along N.
     """

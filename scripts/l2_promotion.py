@@ -36,7 +36,7 @@ def time_cell(n, k, batch, rounds):
     x = torch.randn(batch, k, device="cuda").to(torch.bfloat16)
     outs = [torch.empty(batch, n, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
     projections = [PreparedProjection.for_weight(w, batches=(batch,)) for w in weights]
-    rows = projections[0].policies[batch].weight_rows
+    rows = projections[0].policies[batch].weight_load_rows
     # The kernel's weight-map argument, per promotion and weight copy; kept alive while timed.
     maps = {name: [weight_map(w, rows, promotion) for w in weights] for name, promotion in PROMOTIONS.items()}
     times = {name: [] for name in PROMOTIONS}
