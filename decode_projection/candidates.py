@@ -89,6 +89,15 @@ def pool_tactics(k: int, batch: int, gpu: GpuSpec = H200, *, order=None) -> set[
     return pool
 
 
+def unsplit_and_split_first(tactics, n: int, k: int, batch: int, gpu: GpuSpec = H200) -> list[SplitKTactic]:
+    """``tactics`` by predicted time, the best without split K and the best with it first (the cost model was not
+    fitted to SM-filling and shared tiles, so both kinds get a slot)."""
+    ranked = sorted(tactics, key=lambda t: (predicted_time_us(n, k, batch, t, gpu), str(t)))
+    leaders = [t for t in (next((t for t in ranked if t.split == 1), None),
+                           next((t for t in ranked if t.split > 1), None)) if t is not None]
+    return leaders + [t for t in ranked if t not in leaders]
+
+
 def filling_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, weight_as_b: bool) -> list[SplitKTactic]:
     """Per activation tile and split, the narrowest weight tile of 8k rows whose grid fills the fewest waves."""
     # 64-row weight tiles leave SMs idle where N / 64 tiles do not divide the SMs (7168 rows fill 112 of 132);
@@ -122,11 +131,7 @@ def filling_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, weight_a
             tactic = SplitKTactic(rows, acts, split, stages, weight_as_b=weight_as_b)
             if tactic.stages >= MIN_STAGES and tactic.valid:
                 found.append(tactic)
-    # The best predicted without split K and with it first (the model was not fitted to these tactics).
-    found.sort(key=lambda t: (predicted_time_us(n, k, batch, t, gpu), str(t)))
-    leaders = [t for t in (next((t for t in found if t.split == 1), None),
-                           next((t for t in found if t.split > 1), None)) if t is not None]
-    return leaders + [t for t in found if t not in leaders]
+    return unsplit_and_split_first(found, n, k, batch, gpu)
 
 
 def padded_tile_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, order=None) -> list[SplitKTactic]:
@@ -191,10 +196,7 @@ def shared_weight_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> li
                                   weight_as_b=True)
             if rows <= rows_cap and tactic.stages >= MIN_STAGES and tactic.valid:
                 found.append(tactic)
-    found.sort(key=lambda t: (predicted_time_us(n, k, batch, t, gpu), str(t)))
-    leaders = [t for t in (next((t for t in found if t.split == 1), None),
-                           next((t for t in found if t.split > 1), None)) if t is not None]
-    return leaders + [t for t in found if t not in leaders]
+    return unsplit_and_split_first(found, n, k, batch, gpu)
 
 
 def with_k_boxes(tactic: SplitKTactic, k_boxes: int) -> SplitKTactic:
