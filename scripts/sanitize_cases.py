@@ -2,8 +2,8 @@
 activations multicast to 2 and 4 weight tiles; 64, 128 and 192 weight rows (the last with 256 activation rows too);
 two consumer warpgroups splitting the activation tile; the weight as wgmma's B, with one to four warpgroups of
 activations, and multicast to 2 or 3 activation tiles; weight tiles padded to whole warpgroups; the unsplit epilogue
-staged in shared memory, with and without 16-byte output stores; K folded. Arguments, if any, are the indices in
-CASES of the cases to run."""
+staged in shared memory, with and without 16-byte output stores; K folded; the last activation tile moved back
+to end at row M. Arguments, if any, are the indices in CASES of the cases to run."""
 
 import sys
 
@@ -55,6 +55,11 @@ CASES = [
     # K folded into one warpgroup tile: two segments of an odd-row tile, and four where the last is all zero fill.
     (SplitKTactic(27, 8, 1, 5, 4, dependents_at_start=True, fold=2), 300, 1000, 5),
     (SplitKTactic(12, 16, 1, 3, 4, fold=4), 137, 520, 13),
+    # The last activation tile moved back to end at row M (its first rows are the tile before's): with the
+    # split-K reduction, the staged epilogue and K folded.
+    (SplitKTactic(64, 32, 2, 4), 200, 1000, 77),
+    (SplitKTactic(56, 48, 1, 4, 2), 301, 1000, 100),
+    (SplitKTactic(24, 16, 1, 4, 2, fold=2), 137, 1000, 21),
 ]
 
 for tactic, n, k, batch in [CASES[int(i)] for i in sys.argv[1:]] or CASES:
