@@ -15,10 +15,11 @@ batches the reserved slots alone exceed 8: the H200 tables were tuned with 12 to
    weight tiles, from SHARED_LOAD_ROWS activation rows on (multicast never changes
    the sums), unless rounding the tiles up to whole groups would push a one-wave
    grid into a second.
-4. At streaming batches, PADDED_TILE_CANDIDATES SM-filling weight tiles that are not
-   whole warpgroups (``padded_tile_tactics``; under a pinned order one of that
-   order: a padded tile sums as the whole tile does) and FOLDED_CANDIDATES with K
-   folded (``folded_tactics``; under a pinned order, a fold that sums in it).
+4. Up to PADDED_TILE_ROWS activation rows, PADDED_TILE_CANDIDATES SM-filling weight
+   tiles that are not whole warpgroups (``padded_tile_tactics``; under a pinned order
+   one of that order: a padded tile sums as the whole tile does); at streaming
+   batches FOLDED_CANDIDATES with K folded (``folded_tactics``; under a pinned order,
+   a fold that sums in it).
 5. At compute-bound batches, COLUMN_GROUP_CANDIDATES of the best 64-row tactics
    with two consumer warpgroups splitting the activation tile (how busy they keep
    the tensor pipe is for timing to tell).
@@ -56,6 +57,9 @@ WEIGHT_AS_B_CANDIDATES = 4  # slots for the best tactics with the weight as wgmm
 # 64-row tiles sharing 96-row weight tiles took 3072 x 7168 M=192 from 20.8 to 18.3 us (docs/performance.md, v33).
 SHARED_WEIGHT_CANDIDATES = 3
 PADDED_TILE_CANDIDATES = 3  # slots for SM-filling weight-as-A tiles padded to whole warpgroups (padded_tile_tactics)
+# Padded tiles are offered up to this many activation rows: at M=96 on 6288 x 7168, 131 tiles of 48 rows in 2-box
+# stages ran 24.90 us back to back against 26.94 for the best whole tile (docs/performance.md, v34).
+PADDED_TILE_ROWS = 96
 FOLDED_CANDIDATES = 2  # slots for SM-filling tiles with K folded into one warpgroup tile (folded_tactics)
 # From these activation rows on the weight as B is worth timing: at M=64 its SM-filling tiles beat every
 # weight-as-A tactic on the largest weights by 3-4% (6288 x 7168: 48 x 64 tiles, 131 CTAs; 20480 x 7168:
@@ -175,15 +179,20 @@ def folded_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, order=None) 
 
 
 def shared_weight_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> list[SplitKTactic]:
-    """Per activation tile that divides the batch into 2 to 4 tiles, and split, the narrowest weight tile whose
+    """Per activation tile that covers the batch in 2 to 4 tiles, and split, the narrowest weight tile whose
     clusters (every activation tile sharing it) fit at once; the best predicted unsplit and split first."""
-    # Whole tiles only: a tile partly past the batch ran its twin 1.2-1.3x slower than the unshared tile (v33).
+    # The kernel moves a last tile partly past the batch back to end at its last row: partly past it, such a tile
+    # ran its cluster 1.2-1.6x slower (v33); moved back, 6288 x 7168 M=96 on two 64-row tiles took 25.3 us, as
+    # M=128 did, against 29.5 (v34).
     # Clusters of 4 to 8 CTAs fit fewer than SMs / size at once (GpuSpec.cluster_slots): every slow shared tile of the
     # v33 probes needed a second wave of clusters.
+    # Tiles partly past the batch only where no tile divides it: at M=192 a pair of 128-row tiles (a third of its
+    # rows repeated) ran 38.0 us against 34.4 for three 64-row tiles (v34).
+    dividing = [a for a in ACTIVATION_ROWS_AS_A if batch % a == 0 and batch // a in MULTICASTS[1:]]
     found = []
-    for acts in ACTIVATION_ROWS_AS_A:
-        sharers = batch // acts
-        if batch % acts or sharers not in MULTICASTS[1:]:
+    for acts in dividing or ACTIVATION_ROWS_AS_A:
+        sharers = math.ceil(batch / acts)
+        if sharers not in MULTICASTS[1:]:
             continue
         rows_cap = 2 * MOST_PARTIALS_OF_FOUR_GROUPS if acts == 4 * WGMMA_ROWS else WEIGHT_ROWS_AS_B[-1]
         for split in [s for s in SPLITS if s <= largest_split(k) and s * sharers <= PORTABLE_CLUSTER]:
@@ -229,8 +238,9 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     chosen += [t for t in ranked if t not in chosen]
     padded, folded, columns, weight_as_b, shared_weight = [], [], [], [], []
     activation_rows = activation_rows_for(batch)
-    if activation_rows < COMPUTE_BOUND_ROWS:
+    if activation_rows <= PADDED_TILE_ROWS:
         padded = padded_tile_tactics(n, k, batch, gpu, order)[:PADDED_TILE_CANDIDATES]
+    if activation_rows < COMPUTE_BOUND_ROWS:
         folded = folded_tactics(n, k, batch, gpu, order)[:FOLDED_CANDIDATES]
     else:
         columns = [replace(t, column_groups=2) for t in chosen if t.weight_rows == WGMMA_ROWS]

@@ -195,13 +195,17 @@ def test_weight_as_b_candidates_fill_the_sms_from_32_activation_rows_on():
 
 
 def test_shared_weight_tiles_serve_the_whole_batch_in_one_wave():
-    """Shared-weight candidates: every activation tile of the batch shares each weight tile, clusters in one wave."""
+    """Shared-weight candidates: every activation tile of the batch shares each weight tile, clusters in one wave;
+    tiles partly past the batch only where no tile divides it."""
     for (n, k) in KIMI_K3_SHAPES:
         for batch in (96, 128, 192, 256):
             for tactic in candidates.shared_weight_tactics(n, k, batch):
                 assert tactic.valid and tactic.weight_as_b, tactic
-                assert batch == tactic.multicast * tactic.activation_rows, tactic
+                assert tactic.multicast == math.ceil(batch / tactic.activation_rows), tactic
+                assert batch % tactic.activation_rows == 0 or batch == 96, tactic
                 assert waves(tactic, n, batch) == 1, tactic
+    # At M=96 two 64-row tiles, the second moved back to rows 32-95: 66 clusters of 2 on 6288 rows (v34).
+    assert SplitKTactic(96, 64, 1, 11, 1, 2, weight_as_b=True) in candidates.shared_weight_tactics(6288, 7168, 96)
     # Three 64-row activation tiles share 96-row weight tiles: 32 clusters of 3 (the v33 probe's winner).
     assert candidates.shared_weight_tactics(3072, 7168, 192)[0] == SplitKTactic(96, 64, 1, 11, 1, 3, weight_as_b=True)
     assert SplitKTactic(112, 128, 1, 7, 1, 2, weight_as_b=True) in candidate_tactics(7168, 14336, 256, limit=16)
@@ -221,8 +225,9 @@ def test_padded_weight_tiles_fill_the_sms_at_streaming_batches():
             offered = [t for t in candidate_tactics(n, 7168, batch, limit=16) if t.weight_smem_rows > t.weight_rows]
             assert replace(offered[0], stages=best.stages, k_boxes=1) == best and offered[0].k_boxes > 1, f"{n} M={batch}"
     for (n, k) in KIMI_K3_SHAPES:
-        for batch in (96, 256):
-            assert all(t.weight_smem_rows == t.weight_rows for t in candidate_tactics(n, k, batch, limit=16))
+        assert all(t.weight_smem_rows == t.weight_rows for t in candidate_tactics(n, k, 128, limit=20))
+    # Up to 96 activation rows: 6288 x 7168 M=96 on 131 tiles of 48 in 2-box stages, the v34 probe's fastest.
+    assert SplitKTactic(48, 96, 1, 5, 2) in candidate_tactics(6288, 7168, 96, limit=20)
     # Under a pinned summation order, one padded tile of that order (it sums as the whole tile does).
     pinned = candidate_tactics(7168, 4224, 1, limit=16, order=(1, 2))
     assert {t.summation_order for t in pinned} == {(1, 2)}
