@@ -207,10 +207,6 @@ class SplitKGemm:
         if cutlass.const_expr(t.multicast > 1):
             rank, sharer = in_cluster % t.split, in_cluster // t.split
         n_tile = bidx // t.split
-        # The first activation row this tile loads, and how many of its rows belong to the tile before it.
-        first_row = m_tile * t.activation_rows
-        act_row0 = cutlass.min(first_row, cutlass.max(out.shape[1] - t.activation_rows, 0))
-        repeated = first_row - act_row0
         if cutlass.const_expr(t.dependents_at_start):
             # The next launch's CTAs may take each SM as this launch's CTA there exits and stream their first
             # stages under this launch's tail: faster back to back only where one CTA fills an SM, and then not
@@ -259,24 +255,6 @@ class SplitKGemm:
                 # Only the first warp loads; every producer warp's registers but PRODUCER_REGISTERS go to the consumers.
                 cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
             if warp == self.producer_warp:
-                tile_coords = cute.domain_offset((act_row0, 0, 0), act_coords)
-                if cutlass.const_expr(t.weight_as_b):
-                    g_act = cute.local_tile(tile_coords, t.tile_mnk, (0, n_tile, None, 0), proj=(1, None, 1))
-                else:
-                    # One fold slot's activation tile (the whole tile unfolded).
-                    slot_mnk = (t.weight_smem_rows, t.activation_rows, t.tile_k)
-                    g_act = cute.local_tile(tile_coords, slot_mnk, (n_tile, 0, None, 0), proj=(None, 1, 1))
-                # Each sharer loads 1/multicast of the shared tile's rows into every sharer.
-                activation_share = 0
-                if cutlass.const_expr(t.activation_sharers > 1):
-                    activation_share = sharer
-                t_act_smem, t_act_global = cpasync.tma_partition(
-                    act_tma,
-                    activation_share,
-                    cute.make_layout(t.activation_sharers),
-                    cute.group_modes(s_act_slots, 0, 2),
-                    cute.group_modes(g_act, 0, 2),
-                )
                 sharers_mask = None
                 if cutlass.const_expr(t.multicast > 1):
                     sharers_mask = cutlass.Int16(sum(1 << (i * t.split) for i in range(t.multicast))) << rank
@@ -308,6 +286,27 @@ class SplitKGemm:
                     )
                     state.advance()
                 cute.arch.griddepcontrol_wait()
+                # Only now the batch: a kernel parameter read before the weights are issued (and before an early
+                # trigger) cost up to 1.1 us after a glue kernel on the H200 (docs/performance.md, v34).
+                act_row0, _ = self.activation_origin(m_tile, out.shape[1])
+                tile_coords = cute.domain_offset((act_row0, 0, 0), act_coords)
+                if cutlass.const_expr(t.weight_as_b):
+                    g_act = cute.local_tile(tile_coords, t.tile_mnk, (0, n_tile, None, 0), proj=(1, None, 1))
+                else:
+                    # One fold slot's activation tile (the whole tile unfolded).
+                    slot_mnk = (t.weight_smem_rows, t.activation_rows, t.tile_k)
+                    g_act = cute.local_tile(tile_coords, slot_mnk, (n_tile, 0, None, 0), proj=(None, 1, 1))
+                # Each sharer loads 1/multicast of the shared tile's rows into every sharer.
+                activation_share = 0
+                if cutlass.const_expr(t.activation_sharers > 1):
+                    activation_share = sharer
+                t_act_smem, t_act_global = cpasync.tma_partition(
+                    act_tma,
+                    activation_share,
+                    cute.make_layout(t.activation_sharers),
+                    cute.group_modes(s_act_slots, 0, 2),
+                    cute.group_modes(g_act, 0, 2),
+                )
                 early = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, t.stages)
                 for i in cutlass.range(prefetch, unroll=1):
                     self.load_activations(
@@ -385,7 +384,7 @@ class SplitKGemm:
             # Each accumulator's (A row, B row) in this CTA's tile.
             coords = tiled_mma.get_slice(tidx).partition_C(cute.make_identity_tensor(t.tile_mnk[:2]))
             row0 = n_tile * t.weight_rows
-            col0 = act_row0
+            col0, repeated = self.activation_origin(m_tile, out.shape[1])
             rows, cols = out.shape[0], out.shape[1]
             if cutlass.const_expr(t.fold > 1):
                 self.store_folded(acc, coords, storage, out, row0, col0, repeated)
@@ -398,6 +397,13 @@ class SplitKGemm:
                         self.store_kept_in_l2(out, row0 + n, col0 + m, acc[r].to(out.element_type))
             else:
                 self.reduce_across_cluster(acc, coords, rank, sharer, storage, out, row0, col0, repeated)
+
+    def activation_origin(self, m_tile, batch):
+        """(first activation row this tile loads, how many of its rows are the tile before's): the last tile moved
+        back to end at row ``batch`` where the batch covers a whole tile."""
+        first_row = m_tile * self.tactic.activation_rows
+        origin = cutlass.min(first_row, cutlass.max(batch - self.tactic.activation_rows, 0))
+        return origin, first_row - origin
 
     def output_index(self, coord):
         """(weight row, activation row) of an accumulator's (A row, B row) in the tile."""
