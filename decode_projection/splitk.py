@@ -167,7 +167,8 @@ class SplitKGemm:
             ]
 
         self.shared_storage = SharedStorage
-        # Whole multicast groups: the tiles past N (or M) read zeros and store nothing.
+        # Whole multicast groups: the tiles past N read zeros, those past M reload the last tile's rows
+        # (activation_origin); neither stores anything.
         n_groups = cute.ceil_div(cute.ceil_div(weight.shape[0], t.weight_rows), t.activation_sharers)
         m_groups = cute.ceil_div(cute.ceil_div(activations.shape[0], t.activation_rows), t.weight_sharers)
         n_tiles, m_tiles = n_groups * t.activation_sharers, m_groups * t.weight_sharers

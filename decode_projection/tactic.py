@@ -33,7 +33,7 @@ COLUMN_GROUPS = (1, 2)
 ACTIVATION_ROWS_AS_A = (64, 128, 192, 256)
 WEIGHT_ROWS_AS_B = tuple(range(8, 257, 8))
 # wgmma N. 48, 96 and 192 fit padded decode batches exactly: a 128- or 256-row tile
-# only partly filled (rows past M are TMA zero-fill) measured up to 1.6x slower.
+# taller than the batch (rows past M are TMA zero-fill) measured up to 1.6x slower.
 ACTIVATION_ROWS = (8, 16, 32, 48, 64, 96, 128, 192, 256)
 # K segments folded into one 64-row warpgroup tile: a weight tile of at most 64 / fold rows takes a slot
 # of 64 / fold rows for each of ``fold`` K segments, and the activation tile one slot per segment, so
