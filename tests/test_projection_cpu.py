@@ -214,6 +214,24 @@ def test_which_epilogues_stage_the_output_tile():
     assert not staged(SplitKTactic(64, 64, 1, 4), cutlass.Float32)
 
 
+def test_activation_tiles_store_every_batch_row_once_without_reading_past_the_batch():
+    """Every batch row is stored by exactly one activation tile: the last tile is moved back to end at row M where
+    the batch covers a tile, so no box reaches past the batch then (groups rounded up to whole clusters included)."""
+    for tactic in (SplitKTactic(64, 8, 1, 4), SplitKTactic(64, 48, 1, 4), SplitKTactic(64, 96, 1, 4, 1, 2),
+                   SplitKTactic(96, 64, 1, 11, 1, 2, weight_as_b=True), SplitKTactic(168, 64, 1, 7, 1, 3, weight_as_b=True),
+                   SplitKTactic(64, 64, 2, 4, 2, 4, weight_as_b=True), SplitKTactic(112, 128, 1, 7, 1, 2, weight_as_b=True)):
+        assert tactic.valid, tactic
+        gemm, rows = SplitKGemm(tactic), tactic.activation_rows
+        for batch in range(1, 3 * rows + 2):
+            tiles = math.ceil(math.ceil(batch / rows) / tactic.weight_sharers) * tactic.weight_sharers
+            stored = []
+            for m_tile in range(tiles):
+                origin, repeated = gemm.activation_origin(m_tile, batch)
+                assert origin >= 0 and (origin + rows <= batch or origin == 0), (tactic, batch, m_tile)
+                stored += [row for row in range(origin + repeated, origin + rows) if row < batch]
+            assert sorted(stored) == list(range(batch)), (tactic, batch)
+
+
 # One tactic per epilogue, and the global stores each must compile to: 16-bit scalars where the output is bf16
 # (the staged epilogue's ragged tail too), 32-bit with an FP32 output (which no epilogue stages).
 HINTED = "st.global.L2::cache_hint"
