@@ -217,9 +217,9 @@ def test_which_epilogues_stage_the_output_tile():
 def test_activation_tiles_store_every_batch_row_once_without_reading_past_the_batch():
     """Every batch row is stored by exactly one activation tile: the last tile is moved back to end at row M where
     the batch covers a tile, so no box reaches past the batch then (groups rounded up to whole clusters included)."""
-    for tactic in (SplitKTactic(64, 8, 1, 4), SplitKTactic(64, 48, 1, 4), SplitKTactic(64, 96, 1, 4, 1, 2),
-                   SplitKTactic(96, 64, 1, 11, 1, 2, weight_as_b=True), SplitKTactic(168, 64, 1, 7, 1, 3, weight_as_b=True),
-                   SplitKTactic(64, 64, 2, 4, 2, 4, weight_as_b=True), SplitKTactic(112, 128, 1, 7, 1, 2, weight_as_b=True)):
+    shared_weight = [(96, 64, 1, 11, 1, 2), (168, 64, 1, 7, 1, 3), (64, 64, 2, 4, 2, 4), (112, 128, 1, 7, 1, 2)]
+    for tactic in [SplitKTactic(64, 8, 1, 4), SplitKTactic(64, 48, 1, 4), SplitKTactic(64, 96, 1, 4, 1, 2)] + [
+            SplitKTactic(*numbers, weight_as_b=True) for numbers in shared_weight]:
         assert tactic.valid, tactic
         gemm, rows = SplitKGemm(tactic), tactic.activation_rows
         for batch in range(1, 3 * rows + 2):
