@@ -608,12 +608,14 @@ class SplitKGemm:
         cute.arch.mbarrier_wait(arrived, 0)
         sums = cute.make_tensor(buffer, slot)
         rows, cols = out.shape[0], out.shape[1]
-        for i in cutlass.range_constexpr(per_rank):
-            g = i * t.split + rank
-            if g < groups:
-                total = sums[None, tidx, i, 0].load()
+        # Every vector at a constant index with the rank as a predicate: indexed by the rank, each store's coordinates
+        # were computed at run time, about 60 instructions a store, 1 us of the H200's 2 us reduction at M=64
+        # (docs/performance.md, v35).
+        for g in cutlass.range_constexpr(groups):
+            if g % t.split == rank:
+                total = sums[None, tidx, g // t.split, 0].load()
                 for s in cutlass.range_constexpr(1, t.split):
-                    total = total + sums[None, tidx, i, s].load()
+                    total = total + sums[None, tidx, g // t.split, s].load()
                 for j in cutlass.range_constexpr(width):
                     n, m = self.output_index(coords[g * width + j])
                     value = total[j].to(out.element_type)
