@@ -438,16 +438,6 @@ class SplitKGemm:
         return (t.split == 1 and out_type.width == 16 and t.activation_rows >= STAGED_STORE_ROWS
                 and staged_bytes <= t.stages * t.stage_bytes)
 
-    def stages_reduction(self, out_type) -> bool:
-        """Whether the split-K reduction stages its sums in shared memory and stores 16 bytes per thread: 16-bit outputs
-        with the weight as A (the eight holders of eight consecutive weight rows of one activation row are lanes of
-        one warp holding the same accumulator, so of one owner), where the staged tile fits in the drained pipeline
-        buffers after the reduction's slots."""
-        t = self.tactic
-        staged_bytes = t.activation_rows * (t.weight_smem_rows + STAGING_PAD) * 2
-        return (t.split > 1 and out_type.width == 16 and not t.weight_as_b
-                and t.reduction_bytes + staged_bytes <= t.stages * t.stage_bytes)
-
     @cute.jit
     def store_staged(self, acc, coords, storage, out, row0, col0, repeated):
         """Store the tile through shared memory: each thread writes 16 contiguous output bytes at a time."""
@@ -457,8 +447,10 @@ class SplitKGemm:
         # elements so that a warp's staging stores fall on distinct banks.
         t = self.tactic
         tidx, _, _ = cute.arch.thread_idx()
+        pitch = t.weight_smem_rows + STAGING_PAD
         # The pipeline buffers, weight tiles then activation tiles, one contiguous span (as in the reduction).
-        staging = self.staging_tile(storage.weight_tiles.data_ptr(), out.element_type)
+        base = cute.recast_ptr(storage.weight_tiles.data_ptr(), dtype=out.element_type)
+        staging = cute.make_tensor(base, cute.make_layout((t.weight_smem_rows, t.activation_rows), stride=(1, pitch)))
         # Every warpgroup's wgmmas must be done reading the drained tiles before any overwrites them.
         cute.arch.barrier(barrier_id=STAGING_BARRIER, number_of_threads=self.consumer_threads)
         for r in cutlass.range_constexpr(cute.size(acc)):
@@ -466,8 +458,11 @@ class SplitKGemm:
             staging[n, m] = acc[r].to(out.element_type)
         cute.arch.barrier(barrier_id=STAGING_BARRIER, number_of_threads=self.consumer_threads)
 
-        cols = out.shape[1]
-        vectors = self.vector_stores(out)
+        rows, cols = out.shape[0], out.shape[1]
+        pitch_out = out.stride[1]
+        address = out.iterator.toint()
+        # 16-byte stores need a 16-byte aligned base and row pitch (a single row's pitch is never used).
+        vectors = address % 16 == 0 and (pitch_out % VECTOR == 0 or cols == 1)
         chunks_per_row = t.weight_smem_rows // VECTOR
         chunks = t.activation_rows * chunks_per_row
         for i in cutlass.range_constexpr(math.ceil(chunks / self.consumer_threads)):
@@ -475,41 +470,20 @@ class SplitKGemm:
             m, n = chunk // chunks_per_row, chunk % chunks_per_row * VECTOR
             # Padding rows of the tile hold no output; neither do chunks past the last.
             if chunk < chunks and n < t.weight_rows and col0 + m < cols and m >= repeated:
-                self.store_chunk(staging, out, row0, col0, n, m, vectors)
-
-    def staging_tile(self, address, out_type):
-        """The output tile staged at ``address`` as ``out`` is laid out (weight rows contiguous), each activation row
-        padded by STAGING_PAD elements."""
-        t = self.tactic
-        layout = cute.make_layout((t.weight_smem_rows, t.activation_rows), stride=(1, t.weight_smem_rows + STAGING_PAD))
-        return cute.make_tensor(cute.recast_ptr(address, dtype=out_type), layout)
-
-    @cute.jit
-    def vector_stores(self, out):
-        """Whether ``out`` takes 16-byte stores: a 16-byte aligned base and row pitch (a single row's pitch is never
-        used)."""
-        return out.iterator.toint() % 16 == 0 and (out.stride[1] % VECTOR == 0 or out.shape[1] == 1)
-
-    @cute.jit
-    def store_chunk(self, staging, out, row0, col0, n, m, vectors):
-        """Store staged outputs ``n .. n + VECTOR - 1`` of activation row ``m``: one 16-byte store where ``vectors``
-        and the rows are all inside ``out``, else one store per row inside (EVICT_LAST either way)."""
-        rows = out.shape[0]
-        if vectors and row0 + n + VECTOR <= rows:
-            source = cute.make_ptr(out.element_type, staging.iterator.toint() + cute.crd2idx((n, m), staging.layout) * 2,
-                                   cute.AddressSpace.smem, assumed_align=16)
-            target = cute.make_ptr(out.element_type,
-                                   out.iterator.toint() + ((col0 + m) * out.stride[1] + row0 + n) * 2,
-                                   cute.AddressSpace.gmem, assumed_align=16)
-            # The output is the next kernel's input: kept in L2 past the weight stream (EVICT_FIRST). On
-            # the H200, 0.1-1.6 us faster back to back at M = 32-64 (docs/performance.md, v26).
-            words = cute.arch.load(cute.recast_ptr(source, dtype=cutlass.Int32),
-                                   ir.VectorType.get([VECTOR // 2], cutlass.Int32.mlir_type))
-            nvvm.store_ext(words, cute.recast_ptr(target, dtype=cutlass.Int32), l2_cache_hint=EVICT_LAST)
-        else:
-            for e in cutlass.range_constexpr(VECTOR):
-                if row0 + n + e < rows:
-                    self.store_kept_in_l2(out, row0 + n + e, col0 + m, staging[n + e, m])
+                if vectors and row0 + n + VECTOR <= rows:
+                    source = cute.make_ptr(out.element_type, base.toint() + (m * pitch + n) * 2,
+                                           cute.AddressSpace.smem, assumed_align=16)
+                    target = cute.make_ptr(out.element_type, address + ((col0 + m) * pitch_out + row0 + n) * 2,
+                                           cute.AddressSpace.gmem, assumed_align=16)
+                    # The output is the next kernel's input: kept in L2 past the weight stream (EVICT_FIRST). On
+                    # the H200, 0.1-1.6 us faster back to back at M = 32-64 (docs/performance.md, v26).
+                    words = cute.arch.load(cute.recast_ptr(source, dtype=cutlass.Int32),
+                                           ir.VectorType.get([VECTOR // 2], cutlass.Int32.mlir_type))
+                    nvvm.store_ext(words, cute.recast_ptr(target, dtype=cutlass.Int32), l2_cache_hint=EVICT_LAST)
+                else:
+                    for e in cutlass.range_constexpr(VECTOR):
+                        if row0 + n + e < rows:
+                            self.store_kept_in_l2(out, row0 + n + e, col0 + m, staging[n + e, m])
 
     @cute.jit
     def store_folded(self, acc, coords, storage, out, row0, col0, repeated):
@@ -634,10 +608,6 @@ class SplitKGemm:
         cute.arch.mbarrier_wait(arrived, 0)
         sums = cute.make_tensor(buffer, slot)
         rows, cols = out.shape[0], out.shape[1]
-        staged = self.stages_reduction(out.element_type)
-        if cutlass.const_expr(staged):
-            # After the slots, which peers and this CTA's other threads still use.
-            staging = self.staging_tile(buffer + cute.cosize(slot), out.element_type)
         # Every vector at a constant index with the rank as a predicate: indexed by the rank, each store's coordinates
         # were computed at run time, about 60 instructions a store, 1 us of the H200's 2 us reduction at M=64
         # (docs/performance.md, v35).
@@ -649,19 +619,5 @@ class SplitKGemm:
                 for j in cutlass.range_constexpr(width):
                     n, m = self.output_index(coords[g * width + j])
                     value = total[j].to(out.element_type)
-                    if cutlass.const_expr(staged):
-                        staging[n, m] = value
-                    elif self.stores(n, m, row0, col0, rows, cols, repeated):
+                    if self.stores(n, m, row0, col0, rows, cols, repeated):
                         self.store_kept_in_l2(out, row0 + n, col0 + m, value)
-        if cutlass.const_expr(staged):
-            # The eight outputs of a chunk (eight weight rows from a multiple of 8, one activation row) are accumulator
-            # ``j`` of the same vector in eight lanes of one warp, weight rows ``n % 8 = 0..7``: the lane with
-            # ``n % 8 == j`` stores the chunk, once its warp's staging stores are visible.
-            cute.arch.sync_warp()
-            vectors = self.vector_stores(out)
-            for g in cutlass.range_constexpr(groups):
-                if g % t.split == rank:
-                    for j in cutlass.range_constexpr(width):
-                        n, m = self.output_index(coords[g * width + j])
-                        if n % VECTOR == j and self.stores(n - j, m, row0, col0, rows, cols, repeated):
-                            self.store_chunk(staging, out, row0, col0, n - j, m, vectors)
