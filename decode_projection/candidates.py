@@ -86,6 +86,10 @@ def pool_tactics(k: int, batch: int, gpu: GpuSpec = H200, *, order=None) -> set[
                 for resident in range(1, MOST_CTAS_PER_SM + 1):
                     probe = SplitKTactic(rows, acts, s, 1, k_boxes)
                     budget = gpu.smem_per_sm // resident - RESERVED_SMEM_PER_CTA - BARRIER_BYTES
+                    if resident > 1:
+                        # Room for the split-K partials' own buffer (SplitKTactic.reduction_buffered): where it
+                        # fits it is always there, and ``resident`` CTAs must still fit with it.
+                        budget -= probe.reduction_bytes
                     stages = min(max_stages(rows, acts, s, k_boxes), budget // probe.stage_bytes)
                     tactic = SplitKTactic(rows, acts, s, stages, k_boxes)
                     if stages >= MIN_STAGES and tactic.valid:

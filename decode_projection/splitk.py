@@ -155,18 +155,7 @@ class SplitKGemm:
             num_multicast=t.activation_sharers,
         )
 
-        @cute.struct
-        class SharedStorage:
-            barriers: cute.struct.MemRange[cutlass.Int64, 2 * t.stages]
-            reduction_barrier: cute.struct.MemRange[cutlass.Int64, 1]
-            weight_tiles: cute.struct.Align[
-                cute.struct.MemRange[operand, cute.cosize(weight_smem)], 1024
-            ]
-            act_tiles: cute.struct.Align[
-                cute.struct.MemRange[operand, cute.cosize(act_smem)], 1024
-            ]
-
-        self.shared_storage = SharedStorage
+        self.shared_storage = self.shared_storage_type(operand, weight_smem, act_smem)
         # Whole multicast groups: the tiles past N read zeros, those past M reload the last tile's rows
         # (activation_origin); neither stores anything.
         n_groups = cute.ceil_div(cute.ceil_div(weight.shape[0], t.weight_rows), t.activation_sharers)
@@ -229,10 +218,12 @@ class SplitKGemm:
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
         if cutlass.const_expr(t.split > 1):
             if tidx == 0:
-                # Peers signal this barrier remotely; the reduction's cluster barrier
-                # publishes it before any signal.
+                # Peers signal this barrier remotely; a cluster barrier publishes it before any signal: the
+                # reduction's, or with a buffer of its own the one that starts here (SplitKGemm.reduce_across_cluster).
                 cute.arch.mbarrier_init(storage.reduction_barrier.data_ptr(), 1)
                 cute.arch.mbarrier_init_fence()
+                if cutlass.const_expr(t.reduction_buffered):
+                    self.expect_partials(storage.reduction_barrier.data_ptr(), rank)
         tiles = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.barriers.data_ptr(),
             num_stages=t.stages,
@@ -247,6 +238,8 @@ class SplitKGemm:
             mcast_mode_mn=(0, 1),
             enable_multicast_signaling=t.multicast > 1,
         )
+        if cutlass.const_expr(t.reduction_buffered):
+            cute.arch.cluster_arrive_relaxed()
         s_weight = storage.weight_tiles.get_tensor(weight_smem.outer, swizzle=weight_smem.inner)
         s_act = storage.act_tiles.get_tensor(act_smem.outer, swizzle=act_smem.inner)
         s_act_slots = storage.act_tiles.get_tensor(act_slots.outer, swizzle=act_slots.inner)
@@ -329,8 +322,9 @@ class SplitKGemm:
                     # Sharers' consumers release this CTA's stages remotely: stay until they have.
                     tiles.producer_tail(state)
             if cutlass.const_expr(t.split > 1):
-                # The reduction's cluster barrier counts every thread.
-                cute.arch.cluster_arrive()
+                # The reduction's cluster barrier counts every thread (buffered: they arrived as the CTA started).
+                if cutlass.const_expr(not t.reduction_buffered):
+                    cute.arch.cluster_arrive()
                 cute.arch.cluster_wait()
         else:
             if cutlass.const_expr(t.reallocates_registers):
@@ -380,7 +374,8 @@ class SplitKGemm:
                 # the pipeline stage), up to 50% slower; a fence keeps the stage closed. One per thread, harmless
                 # for the other early tactics (docs/performance.md, v22).
                 cute.arch.fence_acq_rel_cta()
-            cute.arch.griddepcontrol_wait()
+            if cutlass.const_expr(t.split == 1):
+                cute.arch.griddepcontrol_wait()  # the reduction waits once its partials are sent
 
             # Each accumulator's (A row, B row) in this CTA's tile.
             coords = tiled_mma.get_slice(tidx).partition_C(cute.make_identity_tensor(t.tile_mnk[:2]))
@@ -398,6 +393,20 @@ class SplitKGemm:
                         self.store_kept_in_l2(out, row0 + n, col0 + m, acc[r].to(out.element_type))
             else:
                 self.reduce_across_cluster(acc, coords, rank, sharer, storage, out, row0, col0, repeated)
+
+    def shared_storage_type(self, operand, weight_smem, act_smem):
+        """The CTA's shared memory: pipeline barriers, the reduction's barrier, the stages' weight and activation
+        tiles, and the split-K partials' own buffer where the tactic has one."""
+        t = self.tactic
+        fields = {
+            "barriers": cute.struct.MemRange[cutlass.Int64, 2 * t.stages],
+            "reduction_barrier": cute.struct.MemRange[cutlass.Int64, 1],
+            "weight_tiles": cute.struct.Align[cute.struct.MemRange[operand, cute.cosize(weight_smem)], 1024],
+            "act_tiles": cute.struct.Align[cute.struct.MemRange[operand, cute.cosize(act_smem)], 1024],
+        }
+        if t.reduction_buffered:
+            fields["partials"] = cute.struct.Align[cute.struct.MemRange[cutlass.Float32, t.reduction_bytes // 4], 16]
+        return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
     def activation_origin(self, m_tile, batch):
         """(first activation row this tile loads, how many of its rows are the tile before's): the last tile moved
@@ -567,30 +576,37 @@ class SplitKGemm:
             )
 
     @cute.jit
+    def expect_partials(self, arrived, rank):
+        """Arm the reduction's barrier for the bytes of every partial this rank owns, from every rank."""
+        t = self.tactic
+        owned = cutlass.max(t.reduction_groups - rank + t.split - 1, 0) // t.split
+        cute.arch.mbarrier_arrive_and_expect_tx(arrived, owned * t.split * self.consumer_threads * t.reduction_vector * 4)
+
+    @cute.jit
     def reduce_across_cluster(self, acc, coords, rank, sharer, storage, out, row0, col0, repeated):
         """Sum the split partials through DSMEM in rank order; each rank stores a share (EVICT_LAST)."""
         # Each thread's accumulators go in vectors of ``reduction_vector``; vector ``g`` is owned by rank ``g % split``:
-        # each CTA sends it with one ``st.async`` to slot ``[rank][g // split][thread]`` of the owner's buffer (which
-        # reuses the drained pipeline tiles); the owner waits on its mbarrier for every byte, then adds the ``split``
-        # slots in rank order, so the sum never depends on timing.
+        # each CTA sends it with one ``st.async`` to slot ``[rank][g // split][thread]`` of the owner's buffer; the
+        # owner waits on its mbarrier for every byte, then adds the ``split`` slots in rank order, so the sum never
+        # depends on timing. A buffer of its own (``reduction_buffered``) was armed and published as the CTA started,
+        # so a rank sends as soon as its loop ends; otherwise the buffer is the drained pipeline tiles, and a cluster
+        # barrier first waits until no rank still reads its own.
         t = self.tactic
         tidx, _, _ = cute.arch.thread_idx()
         width, groups = t.reduction_vector, t.reduction_groups
         per_rank = math.ceil(groups / t.split)
         buffer = cute.recast_ptr(storage.weight_tiles.data_ptr(), dtype=cutlass.Float32)
+        if cutlass.const_expr(t.reduction_buffered):
+            buffer = storage.partials.data_ptr()
         slot = cute.make_layout(
             (width, self.consumer_threads, per_rank, t.split),
             stride=(1, width, width * self.consumer_threads, width * self.consumer_threads * per_rank),
         )
         arrived = storage.reduction_barrier.data_ptr()
-        if tidx == 0:
-            owned = cutlass.max(groups - rank + t.split - 1, 0) // t.split
-            cute.arch.mbarrier_arrive_and_expect_tx(
-                arrived, owned * t.split * self.consumer_threads * width * 4
-            )
-        # Every CTA of the cluster must be done reading its pipeline tiles
-        # before any peer overwrites them with partial sums.
-        cute.arch.cluster_arrive()
+        if cutlass.const_expr(not t.reduction_buffered):
+            if tidx == 0:
+                self.expect_partials(arrived, rank)
+            cute.arch.cluster_arrive()
         cute.arch.cluster_wait()
         bits = cute.recast_tensor(acc, cutlass.Int32)
         for g in cutlass.range_constexpr(groups):
@@ -606,6 +622,7 @@ class SplitKGemm:
             )
             cute.arch.store_async_dsmem(target, vector if width > 1 else vector[0], arrived, owner)
         cute.arch.mbarrier_wait(arrived, 0)
+        cute.arch.griddepcontrol_wait()  # before writing ``out``: the previous launch may still read it
         sums = cute.make_tensor(buffer, slot)
         rows, cols = out.shape[0], out.shape[1]
         # Every vector at a constant index with the rank as a predicate: indexed by the rank, each store's coordinates

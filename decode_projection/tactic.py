@@ -216,16 +216,23 @@ class SplitKTactic:
 
     @property
     def reduction_bytes(self) -> int:
-        """Shared memory the split-K reduction needs; it reuses the pipeline buffers."""
+        """Shared memory the split-K reduction needs: its own (``reduction_buffered``) or the drained pipeline
+        buffers'."""
         if self.split == 1:
             return 0
         per_rank = math.ceil(self.reduction_groups / self.split)
         return self.split * per_rank * self.reduction_vector * 128 * self.consumer_groups * 4
 
     @property
+    def reduction_buffered(self) -> bool:
+        """True where the split-K partials get shared memory of their own, beside the pipeline's stages: each rank
+        then sends its partials as its loop ends, with no cluster barrier first (SplitKGemm.reduce_across_cluster)."""
+        return self.split > 1 and BARRIER_BYTES + self.stages * self.stage_bytes + self.reduction_bytes <= SMEM_CAPACITY
+
+    @property
     def smem_bytes(self) -> int:
         """Shared memory per CTA."""
-        return BARRIER_BYTES + self.stages * self.stage_bytes
+        return BARRIER_BYTES + self.stages * self.stage_bytes + self.reduction_bytes * self.reduction_buffered
 
     def problems(self) -> list[str]:
         """Why this tactic cannot run (empty when it can): the one validity predicate."""
@@ -274,7 +281,7 @@ class SplitKTactic:
                          f"per thread, not {self.partials_per_thread}")
         if self.smem_bytes > SMEM_CAPACITY:
             found.append(f"{self.smem_bytes} B of shared memory > {SMEM_CAPACITY}")
-        if self.reduction_bytes > self.stages * self.stage_bytes:
+        if not self.reduction_buffered and self.reduction_bytes > self.stages * self.stage_bytes:
             found.append(
                 f"split-K reduction needs {self.reduction_bytes} B, more than the "
                 f"{self.stages * self.stage_bytes} B of pipeline buffers it reuses"

@@ -3,7 +3,8 @@ activations multicast to 2 and 4 weight tiles; 64, 128 and 192 weight rows (the 
 two consumer warpgroups splitting the activation tile; the weight as wgmma's B, with one to four warpgroups of
 activations, and multicast to 2 or 3 activation tiles; weight tiles padded to whole warpgroups; the unsplit epilogue
 staged in shared memory, with and without 16-byte output stores; K folded; the last activation tile moved back
-to end at row M. Arguments, if any, are the indices in CASES of the cases to run."""
+to end at row M; split-K partials in a buffer of their own and in the drained stages. Arguments, if any, are the
+indices in CASES of the cases to run."""
 
 import sys
 
@@ -60,6 +61,9 @@ CASES = [
     (SplitKTactic(64, 32, 2, 4), 200, 1000, 77),
     (SplitKTactic(56, 48, 1, 4, 2), 301, 1000, 100),
     (SplitKTactic(24, 16, 1, 4, 2, fold=2), 137, 1000, 21),
+    # Split-K partials in the drained stages of a pipeline that fills shared memory (the other split cases have
+    # a buffer of their own beside the stages).
+    (SplitKTactic(64, 8, 3, 25), 200, 1544, 5),
 ]
 
 for tactic, n, k, batch in [CASES[int(i)] for i in sys.argv[1:]] or CASES:
