@@ -219,11 +219,9 @@ class SplitKGemm:
         if cutlass.const_expr(t.split > 1):
             if tidx == 0:
                 # Peers signal this barrier remotely; a cluster barrier publishes it before any signal: the
-                # reduction's, or with a buffer of its own the one that starts here (SplitKGemm.reduce_across_cluster).
+                # reduction's, or with a buffer of its own the pipeline's (multicast) or one that starts below.
                 cute.arch.mbarrier_init(storage.reduction_barrier.data_ptr(), 1)
                 cute.arch.mbarrier_init_fence()
-                if cutlass.const_expr(t.reduction_buffered):
-                    self.expect_partials(storage.reduction_barrier.data_ptr(), rank)
         tiles = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.barriers.data_ptr(),
             num_stages=t.stages,
@@ -238,7 +236,7 @@ class SplitKGemm:
             mcast_mode_mn=(0, 1),
             enable_multicast_signaling=t.multicast > 1,
         )
-        if cutlass.const_expr(t.reduction_buffered):
+        if cutlass.const_expr(self.publishes_reduction_barrier_at_start):
             cute.arch.cluster_arrive_relaxed()
         s_weight = storage.weight_tiles.get_tensor(weight_smem.outer, swizzle=weight_smem.inner)
         s_act = storage.act_tiles.get_tensor(act_smem.outer, swizzle=act_smem.inner)
@@ -321,10 +319,10 @@ class SplitKGemm:
                 if cutlass.const_expr(t.multicast > 1):
                     # Sharers' consumers release this CTA's stages remotely: stay until they have.
                     tiles.producer_tail(state)
-            if cutlass.const_expr(t.split > 1):
-                # The reduction's cluster barrier counts every thread (buffered: they arrived as the CTA started).
-                if cutlass.const_expr(not t.reduction_buffered):
-                    cute.arch.cluster_arrive()
+            if cutlass.const_expr(not t.reduction_buffered and t.split > 1):
+                cute.arch.cluster_arrive()  # the reduction's cluster barrier counts every thread
+                cute.arch.cluster_wait()
+            if cutlass.const_expr(self.publishes_reduction_barrier_at_start):
                 cute.arch.cluster_wait()
         else:
             if cutlass.const_expr(t.reallocates_registers):
@@ -393,6 +391,13 @@ class SplitKGemm:
                         self.store_kept_in_l2(out, row0 + n, col0 + m, acc[r].to(out.element_type))
             else:
                 self.reduce_across_cluster(acc, coords, rank, sharer, storage, out, row0, col0, repeated)
+
+    @property
+    def publishes_reduction_barrier_at_start(self) -> bool:
+        """Whether the CTAs arrive at a cluster barrier as they start, for the reduction's barrier only: partials in a
+        buffer of their own, sent without a cluster barrier first, where the pipeline's own start (multicast) is
+        no cluster barrier."""
+        return self.tactic.reduction_buffered and self.tactic.multicast == 1
 
     def shared_storage_type(self, operand, weight_smem, act_smem):
         """The CTA's shared memory: pipeline barriers, the reduction's barrier, the stages' weight and activation
@@ -576,21 +581,14 @@ class SplitKGemm:
             )
 
     @cute.jit
-    def expect_partials(self, arrived, rank):
-        """Arm the reduction's barrier for the bytes of every partial this rank owns, from every rank."""
-        t = self.tactic
-        owned = cutlass.max(t.reduction_groups - rank + t.split - 1, 0) // t.split
-        cute.arch.mbarrier_arrive_and_expect_tx(arrived, owned * t.split * self.consumer_threads * t.reduction_vector * 4)
-
-    @cute.jit
     def reduce_across_cluster(self, acc, coords, rank, sharer, storage, out, row0, col0, repeated):
         """Sum the split partials through DSMEM in rank order; each rank stores a share (EVICT_LAST)."""
         # Each thread's accumulators go in vectors of ``reduction_vector``; vector ``g`` is owned by rank ``g % split``:
         # each CTA sends it with one ``st.async`` to slot ``[rank][g // split][thread]`` of the owner's buffer; the
         # owner waits on its mbarrier for every byte, then adds the ``split`` slots in rank order, so the sum never
-        # depends on timing. A buffer of its own (``reduction_buffered``) was armed and published as the CTA started,
-        # so a rank sends as soon as its loop ends; otherwise the buffer is the drained pipeline tiles, and a cluster
-        # barrier first waits until no rank still reads its own.
+        # depends on timing. With a buffer of its own (``reduction_buffered``) a rank sends as soon as its loop ends
+        # (every peer's barrier was published as the CTAs started); otherwise the buffer is the drained pipeline
+        # tiles, and a cluster barrier first waits until no rank still reads its own.
         t = self.tactic
         tidx, _, _ = cute.arch.thread_idx()
         width, groups = t.reduction_vector, t.reduction_groups
@@ -603,11 +601,16 @@ class SplitKGemm:
             stride=(1, width, width * self.consumer_threads, width * self.consumer_threads * per_rank),
         )
         arrived = storage.reduction_barrier.data_ptr()
+        if tidx == 0:
+            # Peers' bytes may land before this: the barrier's transaction count may dip below zero, but its phase
+            # cannot complete before this one arrival.
+            owned = cutlass.max(groups - rank + t.split - 1, 0) // t.split
+            cute.arch.mbarrier_arrive_and_expect_tx(arrived, owned * t.split * self.consumer_threads * width * 4)
         if cutlass.const_expr(not t.reduction_buffered):
-            if tidx == 0:
-                self.expect_partials(arrived, rank)
             cute.arch.cluster_arrive()
-        cute.arch.cluster_wait()
+            cute.arch.cluster_wait()
+        if cutlass.const_expr(self.publishes_reduction_barrier_at_start):
+            cute.arch.cluster_wait()
         bits = cute.recast_tensor(acc, cutlass.Int32)
         for g in cutlass.range_constexpr(groups):
             owner = g % t.split
