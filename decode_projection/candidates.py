@@ -37,13 +37,13 @@ from dataclasses import replace
 
 from .gpu import H200, GpuSpec
 from .policies import (
-    COMPUTE_BOUND_ROWS, HEURISTIC_WEIGHT_ROWS, MIN_STAGES, MOST_CTAS_PER_SM, RESERVED_SMEM_PER_CTA,
+    COMPUTE_BOUND_ROWS, HEURISTIC_WEIGHT_ROWS, MIN_STAGES, MOST_CTAS_PER_SM,
     activation_rows_for, activation_tile_choices, ctas_per_sm, default_tactic, largest_split, predicted_time_us,
     waves,
 )
 from .tactic import (
     ACTIVATION_ROWS_AS_A, BARRIER_BYTES, FOLDS, K_BOXES, MOST_PARTIALS_OF_FOUR_GROUPS, MULTICASTS, PORTABLE_CLUSTER,
-    SPLITS, WEIGHT_ROWS,
+    RESERVED_SMEM_PER_CTA, SPLITS, WEIGHT_ROWS,
     WEIGHT_ROWS_AS_A, WEIGHT_ROWS_AS_B, WGMMA_ROWS, SplitKTactic, max_stages,
 )
 
@@ -86,10 +86,6 @@ def pool_tactics(k: int, batch: int, gpu: GpuSpec = H200, *, order=None) -> set[
                 for resident in range(1, MOST_CTAS_PER_SM + 1):
                     probe = SplitKTactic(rows, acts, s, 1, k_boxes)
                     budget = gpu.smem_per_sm // resident - RESERVED_SMEM_PER_CTA - BARRIER_BYTES
-                    if resident > 1:
-                        # Room for the split-K partials' own buffer (SplitKTactic.reduction_buffered): where it
-                        # fits it is always there, and ``resident`` CTAs must still fit with it.
-                        budget -= probe.reduction_bytes
                     stages = min(max_stages(rows, acts, s, k_boxes), budget // probe.stage_bytes)
                     tactic = SplitKTactic(rows, acts, s, stages, k_boxes)
                     if stages >= MIN_STAGES and tactic.valid:

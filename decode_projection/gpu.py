@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .tactic import PORTABLE_CLUSTER
+from .tactic import PORTABLE_CLUSTER, SMEM_PER_SM
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class GpuSpec:
 
 # Cluster residency measured on the H200 (2026-12-02, scripts/cluster_residency.py): only 30
 # clusters of 4 fit at once (120 CTAs), 39 of 3, 15 of 8.
-H200 = GpuSpec("NVIDIA H200", 132, 228 * 1024, 4.4e6, (132, 66, 39, 30, 22, 17, 15, 15))
+H200 = GpuSpec("NVIDIA H200", 132, SMEM_PER_SM, 4.4e6, (132, 66, 39, 30, 22, 17, 15, 15))
 
 
 def gpu_spec(device=None, *, measure_clusters=False) -> GpuSpec:

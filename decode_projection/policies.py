@@ -13,7 +13,9 @@ import math
 
 from .gpu import H200, GpuSpec
 from .tables import TableKey, dtype_name, table_policies, table_summation_order
-from .tactic import ACTIVATION_ROWS, BOX_K, WEIGHT_ROWS, SplitKTactic, as_tactic, max_stages
+from .tactic import (
+    ACTIVATION_ROWS, BOX_K, RESERVED_SMEM_PER_CTA, WEIGHT_ROWS, SplitKTactic, as_tactic, max_stages,
+)
 
 MIN_K_TILES_PER_CTA = 4  # fewer and the pipeline never fills
 HEURISTIC_SPLITS = (1, 2, 4, 8)  # the no-table rule keeps to the splits it was measured with
@@ -22,7 +24,6 @@ STREAMING_CTA_FRACTION = 0.375  # CTAs per SM that saturate HBM with deep pipeli
 COMPUTE_BOUND_ROWS = 96  # activation tiles from here on are bound by the tensor cores
 MIN_STAGES = 3  # one-box stages: shallower pipelines never won a sweep (wide stages may go to 2)
 MOST_CTAS_PER_SM = 6  # enough for a 64-row, split-2 grid of the largest shape to fit in one wave
-RESERVED_SMEM_PER_CTA = 1024  # what the driver keeps per resident CTA on sm_90
 SM_FLOPS_PER_US = 5.1e6  # dense BF16 wgmma per SM as fitted, ~70% of the datasheet 989 TFLOPS / 132
 SM_BYTES_PER_US = 50e3  # HBM bytes one SM pulls at most, as fitted (~50 GB/s: 132 SMs reach 6.6 TB/s)
 

@@ -51,6 +51,8 @@ SPLITS = tuple(range(1, 9))  # 3, 5, 6 and 7 too: clusters need not be powers of
 MULTICASTS = (1, 2, 3, 4)
 PORTABLE_CLUSTER = 8  # CTAs a cluster (split x multicast) may hold without the non-portable attribute
 SMEM_CAPACITY = 227 * 1024  # sm_90 opt-in shared memory per block
+SMEM_PER_SM = 228 * 1024  # sm_90 shared memory per SM, shared by its resident CTAs
+RESERVED_SMEM_PER_CTA = 1024  # what the driver keeps per resident CTA on sm_90
 # Each quarter of an SM has 16384 registers for one warp of every warpgroup; a launch gives every thread an even
 # share (rounded down to 8). Where the consumers' accumulators outgrow it, a producer warpgroup keeps
 # PRODUCER_REGISTERS and hands the rest of the CTA's registers to the consumer warpgroups (setmaxnreg, which
@@ -226,8 +228,16 @@ class SplitKTactic:
     @property
     def reduction_buffered(self) -> bool:
         """True where the split-K partials get shared memory of their own, beside the pipeline's stages: each rank
-        then sends its partials as its loop ends, with no cluster barrier first (SplitKGemm.reduce_across_cluster)."""
-        return self.split > 1 and BARRIER_BYTES + self.stages * self.stage_bytes + self.reduction_bytes <= SMEM_CAPACITY
+        then sends its partials as its loop ends, with no cluster barrier first (SplitKGemm.reduce_across_cluster).
+        Only where the stages leave room without lowering how many CTAs fit on an SM: on the H200 the buffer took
+        64-row tiles at M = 48-64 from two CTAs per SM to one and cost them 0.1-0.3 us back to back
+        (docs/performance.md, v36)."""
+        if self.split == 1:
+            return False
+        pipeline = BARRIER_BYTES + self.stages * self.stage_bytes
+        buffered = pipeline + self.reduction_bytes
+        per_sm = SMEM_PER_SM // (pipeline + RESERVED_SMEM_PER_CTA)
+        return buffered <= SMEM_CAPACITY and SMEM_PER_SM // (buffered + RESERVED_SMEM_PER_CTA) == per_sm
 
     @property
     def smem_bytes(self) -> int:

@@ -61,9 +61,12 @@ CASES = [
     (SplitKTactic(64, 32, 2, 4), 200, 1000, 77),
     (SplitKTactic(56, 48, 1, 4, 2), 301, 1000, 100),
     (SplitKTactic(24, 16, 1, 4, 2, fold=2), 137, 1000, 21),
-    # Split-K partials in the drained stages of a pipeline that fills shared memory (the other split cases have
-    # a buffer of their own beside the stages).
+    # Split-K partials in the drained stages of a pipeline that fills shared memory, then in a buffer of their own
+    # beside the stages (one CTA per SM either way; case 1 has one too): with multicast (a rank with no K tiles),
+    # with the weight as B multicast to two activation tiles.
     (SplitKTactic(64, 8, 3, 25), 200, 1544, 5),
+    (SplitKTactic(64, 32, 4, 10, 1, 2), 200, 136, 20),
+    (SplitKTactic(48, 64, 3, 6, 2, 2, 1, True), 136, 1544, 100),
 ]
 
 for tactic, n, k, batch in [CASES[int(i)] for i in sys.argv[1:]] or CASES:

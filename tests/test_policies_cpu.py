@@ -346,14 +346,14 @@ def test_early_dependents_are_offered_for_streaming_unclustered_weight_as_a_tile
 
 
 def test_split_partials_get_shared_memory_of_their_own_where_it_fits():
-    # 7 stages of 16 KB leave room for the 18 KB of partials: sent as each rank's loop ends, no cluster barrier first.
-    beside = SplitKTactic(64, 64, 3, 7)
-    assert beside.reduction_buffered and beside.smem_bytes == 1024 + 7 * beside.stage_bytes + beside.reduction_bytes
+    # 4 stages of 24 KB leave room for the 32 KB of partials, one CTA per SM either way: sent as each rank's loop
+    # ends, no cluster barrier first.
+    beside = SplitKTactic(128, 32, 4, 5, 2)
+    assert beside.reduction_buffered and beside.smem_bytes == 1024 + 5 * beside.stage_bytes + beside.reduction_bytes
     # 13 stages fill shared memory: the partials reuse the drained stages.
     reusing = SplitKTactic(128, 8, 3, 13)
     assert not reusing.reduction_buffered and reusing.smem_bytes == 1024 + 13 * reusing.stage_bytes
+    # Two CTAs share an SM with 7 stages of 16 KB, one with the 18 KB of partials beside them: no buffer there.
+    assert policies.ctas_per_sm(SplitKTactic(64, 64, 3, 7)) == 2 and not SplitKTactic(64, 64, 3, 7).reduction_buffered
+    assert policies.ctas_per_sm(SplitKTactic(64, 64, 3, 5)) == 2 and SplitKTactic(64, 64, 3, 5).reduction_buffered
     assert not SplitKTactic(64, 64, 1, 7).reduction_buffered
-    # Where the pool offers two CTAs per SM, they still fit with their partials' buffer.
-    shared_sms = [t for t in candidates.pool_tactics(7168, 64) if t.split > 1 and policies.ctas_per_sm(t) == 2]
-    assert shared_sms and all(t.reduction_buffered for t in shared_sms)
-    assert SplitKTactic(64, 64, 3, 5) in shared_sms
