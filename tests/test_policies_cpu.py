@@ -357,3 +357,8 @@ def test_split_partials_get_shared_memory_of_their_own_where_it_fits():
     assert policies.ctas_per_sm(SplitKTactic(64, 64, 3, 7)) == 2 and not SplitKTactic(64, 64, 3, 7).reduction_buffered
     assert policies.ctas_per_sm(SplitKTactic(64, 64, 3, 5)) == 2 and SplitKTactic(64, 64, 3, 5).reduction_buffered
     assert not SplitKTactic(64, 64, 1, 7).reduction_buffered
+    # The tuner times one split tactic that shares its SM in fewer stages that give its partials a buffer.
+    assert candidates.buffered_partials_tactics([SplitKTactic(64, 64, 3, 7), SplitKTactic(128, 8, 3, 13)]) == [
+        SplitKTactic(64, 64, 3, 5)]
+    offered = [t for t in candidate_tactics(2304, 1536, 64, limit=12) if t.reduction_buffered and t.split > 1]
+    assert any(policies.ctas_per_sm(t) == 2 for t in offered)
