@@ -48,7 +48,10 @@ once. The kernel is shaped around that:
 * Split K across the ``split`` CTAs of a thread-block cluster (short N, long K
   needs more CTAs than N tiles to fill 132 SMs). Partial sums are reduced
   through distributed shared memory in a fixed rank order: no atomics, no
-  workspace, no memset, and bitwise-identical results run to run.
+  workspace, no memset, and bitwise-identical results run to run. Where the
+  stages leave room without lowering how many CTAs fit on an SM, the partials
+  land in a buffer of their own and each rank sends them as its loop ends;
+  otherwise they reuse the drained stages, after a cluster barrier.
 * Without split K the epilogue stages 16-bit output tiles of 32 or more
   activation rows in the drained pipeline buffers and stores them 16 bytes per
   thread, whole 128-byte lines per warp (straight from wgmma's accumulators each
