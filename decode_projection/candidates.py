@@ -219,8 +219,9 @@ def buffered_partials_tactics(tactics, gpu: GpuSpec = H200) -> list[SplitKTactic
     give it one (SplitKTactic.reduction_buffered) with as many CTAs per SM."""
     found = []
     for tactic in [t for t in tactics if t.split > 1 and not t.reduction_buffered and ctas_per_sm(t, gpu) > 1]:
+        per_sm = ctas_per_sm(tactic, gpu)
         fewer = [replace(tactic, stages=stages) for stages in range(tactic.stages - 1, MIN_STAGES - 1, -1)]
-        found += [t for t in fewer if t.valid and t.reduction_buffered and ctas_per_sm(t, gpu) == ctas_per_sm(tactic, gpu)][:1]
+        found += [t for t in fewer if t.valid and t.reduction_buffered and ctas_per_sm(t, gpu) == per_sm][:1]
     return list(dict.fromkeys(found))
 
 

@@ -397,9 +397,9 @@ class SplitKGemm:
 
     @property
     def publishes_reduction_barrier_at_start(self) -> bool:
-        """Whether the CTAs arrive at a cluster barrier as they start, for the reduction's barrier only: partials in a
-        buffer of their own, sent without a cluster barrier first, where the pipeline's own start (multicast) is
-        no cluster barrier."""
+        """Whether the CTAs arrive at a cluster barrier as they start so that peers may signal the reduction's
+        barrier: partials in a buffer of their own, without multicast (whose pipeline starts with a cluster barrier
+        that publishes it)."""
         return self.tactic.reduction_buffered and self.tactic.multicast == 1
 
     def shared_storage_type(self, operand, weight_smem, act_smem):
