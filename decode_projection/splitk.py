@@ -322,11 +322,8 @@ class SplitKGemm:
                 if cutlass.const_expr(t.multicast > 1):
                     # Sharers' consumers release this CTA's stages remotely: stay until they have.
                     tiles.producer_tail(state)
-            if cutlass.const_expr(not t.reduction_buffered and t.split > 1):
-                cute.arch.cluster_arrive()  # the reduction's cluster barrier counts every thread
-                cute.arch.cluster_wait()
-            if cutlass.const_expr(self.publishes_reduction_barrier_at_start):
-                cute.arch.cluster_wait()
+            if cutlass.const_expr(t.split > 1):
+                self.await_reduction_peers()  # the reduction's cluster barrier counts every thread
         else:
             if cutlass.const_expr(t.reallocates_registers):
                 cute.arch.setmaxregister_increase(t.consumer_registers)
@@ -401,6 +398,17 @@ class SplitKGemm:
         barrier: partials in a buffer of their own, without multicast (whose pipeline starts with a cluster barrier
         that publishes it)."""
         return self.tactic.reduction_buffered and self.tactic.multicast == 1
+
+    @cute.jit
+    def await_reduction_peers(self):
+        """Every thread's part of the reduction's cluster barrier: with partials in the drained stages, arrive and wait
+        until no rank still reads its stages; with a buffer of their own, wait for the arrival at the start that
+        published every peer's barrier (none where the pipeline's cluster barrier did)."""
+        if cutlass.const_expr(not self.tactic.reduction_buffered):
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
+        if cutlass.const_expr(self.publishes_reduction_barrier_at_start):
+            cute.arch.cluster_wait()
 
     def shared_storage_type(self, operand, weight_smem, act_smem):
         """The CTA's shared memory: pipeline barriers, the reduction's barrier, the stages' weight and activation
@@ -609,11 +617,7 @@ class SplitKGemm:
             # cannot complete before this one arrival.
             owned = cutlass.max(groups - rank + t.split - 1, 0) // t.split
             cute.arch.mbarrier_arrive_and_expect_tx(arrived, owned * t.split * self.consumer_threads * width * 4)
-        if cutlass.const_expr(not t.reduction_buffered):
-            cute.arch.cluster_arrive()
-            cute.arch.cluster_wait()
-        if cutlass.const_expr(self.publishes_reduction_barrier_at_start):
-            cute.arch.cluster_wait()
+        self.await_reduction_peers()
         bits = cute.recast_tensor(acc, cutlass.Int32)
         for g in cutlass.range_constexpr(groups):
             owner = g % t.split
