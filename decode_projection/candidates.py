@@ -20,8 +20,8 @@ batches the reserved slots alone exceed 8: the H200 tables were tuned with 12 to
    one of that order: a padded tile sums as the whole tile does); at streaming
    batches FOLDED_CANDIDATES with K folded (``folded_tactics``; under a pinned order,
    a fold that sums in it).
-5. BUFFERED_PARTIALS_CANDIDATES split tactics that share an SM, in fewer stages that leave their partials a
-   buffer of their own (``buffered_partials_tactics``).
+5. BUFFERED_PARTIALS_CANDIDATES split tactics without a buffer for their partials (those of group 1 that share
+   an SM first, then those of groups 4 and 1), in fewer stages that leave them one (``buffered_partials_tactics``).
 6. At compute-bound batches, COLUMN_GROUP_CANDIDATES of the best 64-row tactics
    with two consumer warpgroups splitting the activation tile (how busy they keep
    the tensor pipe is for timing to tell).
@@ -63,10 +63,12 @@ PADDED_TILE_CANDIDATES = 3  # slots for SM-filling weight-as-A tiles padded to w
 # stages ran 24.90 us back to back against 26.94 for the best whole tile (docs/performance.md, v34).
 PADDED_TILE_ROWS = 96
 FOLDED_CANDIDATES = 2  # slots for SM-filling tiles with K folded into one warpgroup tile (folded_tactics)
-# Slots for a split tactic that shares its SM, in fewer stages that leave its partials a buffer of their own with as
-# many CTAs per SM (buffered_partials_tactics): on the H200, 2304 x 1536 M=64 ran (64,64,3,5) 0.43 us faster after
-# glue than (64,64,3,7) and 0.03 us slower back to back; at K = 7168 the fewer stages lost 0.2-0.5 us (v36).
-BUFFERED_PARTIALS_CANDIDATES = 1
+# Slots for split tactics without a buffer for their partials, in fewer stages that leave them one with as many CTAs
+# per SM (buffered_partials_tactics). On the H200, 2304 x 1536 M=64 ran (64,64,3,5) 0.43 us faster after glue than
+# (64,64,3,7) and 0.03 us slower back to back, where at K = 7168 the fewer stages of two CTAs per SM lost 0.2-0.5 us
+# (v36); with one CTA per SM, 3584 x 7168 M=64 ran the padded split tile (56,64,2,6,2) 0.3-0.5 us faster both ways
+# than (56,64,2,7,2) and M=48 (56,48,2,7,2) 0.2 us faster back to back than (56,48,2,8,2) (v37).
+BUFFERED_PARTIALS_CANDIDATES = 2
 # From these activation rows on the weight as B is worth timing: at M=64 its SM-filling tiles beat every
 # weight-as-A tactic on the largest weights by 3-4% (6288 x 7168: 48 x 64 tiles, 131 CTAs; 20480 x 7168:
 # 160 x 64, 128 CTAs), where 64 activation rows do 64 FLOP per weight byte (docs/performance.md, v17).
@@ -215,10 +217,10 @@ def shared_weight_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> li
 
 
 def buffered_partials_tactics(tactics, gpu: GpuSpec = H200) -> list[SplitKTactic]:
-    """Each split tactic of ``tactics`` that shares its SM with no buffer for its partials, in the most stages that
-    give it one (SplitKTactic.reduction_buffered) with as many CTAs per SM."""
+    """Each split tactic of ``tactics`` with no buffer for its partials, in the most stages that give it one
+    (SplitKTactic.reduction_buffered) with as many CTAs per SM."""
     found = []
-    for tactic in [t for t in tactics if t.split > 1 and not t.reduction_buffered and ctas_per_sm(t, gpu) > 1]:
+    for tactic in [t for t in tactics if t.split > 1 and not t.reduction_buffered]:
         per_sm = ctas_per_sm(tactic, gpu)
         fewer = [replace(tactic, stages=stages) for stages in range(tactic.stages - 1, MIN_STAGES - 1, -1)]
         found += [t for t in fewer if t.valid and t.reduction_buffered and ctas_per_sm(t, gpu) == per_sm][:1]
@@ -266,7 +268,9 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
         weight_as_b = filling_tactics(n, k, batch, gpu, weight_as_b=True)[:WEIGHT_AS_B_CANDIDATES]
         shared_weight = [t for t in shared_weight_tactics(n, k, batch, gpu)
                          if t not in weight_as_b][:SHARED_WEIGHT_CANDIDATES]
-    buffered = [t for t in buffered_partials_tactics(chosen, gpu) if t not in chosen][:BUFFERED_PARTIALS_CANDIDATES]
+    sharing = [t for t in chosen if ctas_per_sm(t, gpu) > 1]
+    buffered = [t for t in buffered_partials_tactics(sharing + padded + chosen, gpu) if t not in chosen + padded]
+    buffered = buffered[:BUFFERED_PARTIALS_CANDIDATES]
     reserved = SHARED_LOAD_CANDIDATES + (WIDE_STAGE_CANDIDATES if order is None else 0) + len(padded) \
         + len(columns) + len(weight_as_b) + len(shared_weight) + len(folded) + len(buffered)
     base = chosen[: max(1, limit - reserved)]

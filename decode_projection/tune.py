@@ -41,7 +41,8 @@ tiles, in both passes, are also timed letting the next launch in as they start
 The tactics the current tables hold for a cell (``incumbents``) are timed
 next to the new candidates, with the free table's for the next larger batch:
 candidate lists change with the cost model, and a re-tune of the free table
-must not lose a tactic that already won. (The
+must not lose a tactic that already won; split incumbents are also timed in
+fewer stages that give their partials a buffer (``buffered_partials_tactics``). (The
 batch-invariant table keeps an incumbent only if this run fixes the same
 summation order.)
 """
@@ -59,7 +60,7 @@ from tqdm import tqdm
 
 from .checks import Reference
 from .clocks import ClockLog
-from .candidates import candidate_tactics, early_dependents_tactics
+from .candidates import buffered_partials_tactics, candidate_tactics, early_dependents_tactics
 from .gpu import gpu_spec
 from .policies import COMPUTE_BOUND_ROWS, activation_rows_for
 from .projection import PreparedProjection
@@ -276,12 +277,14 @@ class Tuner:
 
 
 def free_candidates(n, k, batch, gpu, *, limit, incumbents, kinds) -> list[SplitKTactic]:
-    """The cost model's best, the incumbents, and the early twins of both."""
+    """The cost model's best, the incumbents, the early twins of both and the buffered twins of the incumbents."""
     fresh = candidate_tactics(n, k, batch, gpu, limit=limit)
     kept = incumbent_tactics(incumbents, n, k, batch, gpu, **kinds) if incumbents else []
     found = fresh + [t for t in kept if t not in fresh]
-    # The incumbents first: the tactics that already won are the likeliest to win letting the next launch in.
-    return found + [t for t in early_dependents_tactics(kept + fresh, gpu) if t not in found]
+    # The incumbents first: the tactics that already won are the likeliest to win letting the next launch in, or
+    # with a buffer for their partials.
+    twins = early_dependents_tactics(kept + fresh, gpu) + buffered_partials_tactics(kept, gpu)
+    return found + [t for t in dict.fromkeys(twins) if t not in found]
 
 
 def order_candidates(n, k, batch, gpu, *, timed, winning) -> list[SplitKTactic]:

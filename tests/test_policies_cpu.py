@@ -357,8 +357,13 @@ def test_split_partials_get_shared_memory_of_their_own_where_it_fits():
     assert policies.ctas_per_sm(SplitKTactic(64, 64, 3, 7)) == 2 and not SplitKTactic(64, 64, 3, 7).reduction_buffered
     assert policies.ctas_per_sm(SplitKTactic(64, 64, 3, 5)) == 2 and SplitKTactic(64, 64, 3, 5).reduction_buffered
     assert not SplitKTactic(64, 64, 1, 7).reduction_buffered
-    # The tuner times one split tactic that shares its SM in fewer stages that give its partials a buffer.
-    assert candidates.buffered_partials_tactics([SplitKTactic(64, 64, 3, 7), SplitKTactic(128, 8, 3, 13)]) == [
-        SplitKTactic(64, 64, 3, 5)]
+    # The tuner times split tactics in fewer stages that give their partials a buffer at as many CTAs per SM:
+    # two per SM for the 64-row tile, one for the others.
+    assert candidates.buffered_partials_tactics(
+        [SplitKTactic(64, 64, 3, 7), SplitKTactic(128, 8, 3, 13), SplitKTactic(56, 64, 2, 7, 2),
+         SplitKTactic(128, 32, 4, 5, 2)]) == [SplitKTactic(64, 64, 3, 5), SplitKTactic(128, 8, 3, 12),
+                                                SplitKTactic(56, 64, 2, 6, 2)]
     offered = [t for t in candidate_tactics(2304, 1536, 64, limit=12) if t.reduction_buffered and t.split > 1]
     assert any(policies.ctas_per_sm(t) == 2 for t in offered)
+    # The batch-invariant pass on 3584 x 7168 (order (2, 2)) times the padded split tile's buffered twin.
+    assert SplitKTactic(56, 64, 2, 6, 2) in candidate_tactics(3584, 7168, 64, limit=6, order=(2, 2))
