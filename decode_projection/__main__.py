@@ -4,6 +4,7 @@ import argparse
 import datetime
 import platform
 import sys
+from pathlib import Path
 
 import torch
 
@@ -21,6 +22,8 @@ def shape(text):
         raise argparse.ArgumentTypeError(f"shape must look like 2112x7168, got {text!r}") from None
     if n < 1 or k < 1:
         raise argparse.ArgumentTypeError(f"shape extents must be positive, got {text!r}")
+    if k % 8 or max(n, k) >= 2**31:  # what PreparedProjection takes (check_weight)
+        raise argparse.ArgumentTypeError(f"shape needs K % 8 == 0 and N, K < 2^31, got {text!r}")
     return n, k
 
 
@@ -89,7 +92,12 @@ def bench(args):
     from .report import load_json
 
     if args.from_json:
-        render(*load_json(args.from_json), args)
+        try:
+            saved = load_json(args.from_json)
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            print(f"bench: cannot read a saved run from {args.from_json}: {error!r}", file=sys.stderr)
+            return 2
+        render(*saved, args)
         return 0
     kinds = args.policies.split(",")
     launches = args.launch.split(",")
@@ -215,6 +223,13 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.command == "tune" and args.update and args.batch_invariant_out:
         parser.error("--update re-tunes some cells of a free table; a batch-invariant order needs every batch")
+    if args.command == "tune" and args.update and not Path(args.out).is_file():
+        parser.error(f"--update keeps the cells of --out, and there is no table at {args.out}")
+    # Output paths are written after the run: refuse those that cannot be before it starts.
+    for option in ("csv", "json", "plot", "out", "batch_invariant_out", "timings"):
+        path = getattr(args, option, None)
+        if path and not Path(path).resolve().parent.is_dir():
+            parser.error(f"--{option.replace('_', '-')} {path}: no such directory")
     args.shape = args.shape or list(KIMI_K3_SHAPES)
     if args.command == "tune" and args.invariant_order:
         if not args.batch_invariant_out:

@@ -20,7 +20,7 @@ from torch import nn
 
 from .gpu import gpu_spec
 from .policies import resolve_policies
-from .projection import WEIGHT_DTYPES, PreparedProjection
+from .projection import OUTPUT_DTYPES, WEIGHT_DTYPES, PreparedProjection, check_weight
 from .runtime import architecture
 
 # Layers by handle; weak, so a dropped layer does not live on here.
@@ -61,8 +61,10 @@ class ProjectionLinear(nn.Module):
 
     The output is BF16 for BF16 weights and FP32 for FP16 weights (the kernel
     writes BF16 or FP32) unless ``output_dtype`` says otherwise; a bias is added
-    to the rounded output. On a GPU other than Hopper the layer is plain
-    ``F.linear`` (``unsupported`` says why). ``programmatic_launch=False``
+    to the rounded output. On a GPU other than Hopper, or with a weight the kernel
+    cannot take (``check_weight``), the layer is plain ``F.linear`` (``unsupported``
+    says why). A fallback computes as ``F.linear`` in the weight's dtype, then
+    casts, as the ``nn.Linear`` it replaces would. ``programmatic_launch=False``
     launches the kernel without programmatic dependent launch, which measured
     faster between kernels that never trigger their dependents (PreparedProjection).
     """
@@ -73,7 +75,12 @@ class ProjectionLinear(nn.Module):
         self.weight = nn.Parameter(weight.detach(), requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         self.batches = tuple(batches)
+        if not all(isinstance(batch, int) and batch >= 1 for batch in self.batches):
+            raise ValueError(f"ProjectionLinear batches must be positive ints, got {self.batches}")
         self.output_dtype = output_dtype or (weight.dtype if weight.dtype == torch.bfloat16 else torch.float32)
+        if self.output_dtype not in OUTPUT_DTYPES:
+            raise ValueError(f"ProjectionLinear output dtype must be one of {list(OUTPUT_DTYPES)}, "
+                             f"got {self.output_dtype}")
         self.batch_invariant = batch_invariant
         self.programmatic_launch = programmatic_launch
         self.fallbacks = Counter()
@@ -105,12 +112,13 @@ class ProjectionLinear(nn.Module):
 
     def prepare(self):
         """(Re)build the prepared projection for the weight as it is now; CPU or unsupported: none."""
-        self.prepared = None
+        self.prepared, self.unsupported = None, None
         weight = self.weight
         if weight.device.type != "cuda" or weight.dtype not in WEIGHT_DTYPES:
             return
         try:
             architecture(weight.device)
+            check_weight(weight.data)
         except ValueError as error:
             self.unsupported = str(error)
             return

@@ -8,6 +8,7 @@ arguments on the host and launches; it allocates nothing, never synchronizes
 and can be captured in a CUDA graph.
 """
 
+import math
 import threading
 from functools import cache
 
@@ -27,6 +28,7 @@ from .tactic import BOX_K, as_tactic
 WEIGHT_DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
 OUTPUT_DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float32: cutlass.Float32}
 TMA_ALIGN = 16  # bytes: TMA base address and row pitch granularity
+MOST_GRID_ROWS = 65535  # CUDA's limit on a grid's y dimension
 
 # cute.compile is not thread-safe.
 _compile_lock = threading.Lock()
@@ -138,6 +140,23 @@ def _describe(tensor):
     return f"{tuple(tensor.shape)} {tensor.dtype} strides {tensor.stride()} on {tensor.device}"
 
 
+def check_weight(weight):
+    """Raise a TypeError/ValueError naming whatever about ``weight`` the kernel cannot take."""
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"projection weight must be a torch.Tensor, got {type(weight)}")
+    if weight.dim() != 2 or weight.dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"projection weight must be a BF16/FP16 [N, K] matrix, got {tuple(weight.shape)} {weight.dtype}")
+    if weight.is_neg():
+        raise ValueError("projection weight is a negated view; resolve it first (tensor.resolve_neg())")
+    pitch = weight.stride(0) * weight.element_size() if weight.shape[0] > 1 else 0
+    if weight.stride(1) != 1 or pitch % TMA_ALIGN or weight.data_ptr() % TMA_ALIGN:
+        raise ValueError(f"projection weight rows need unit stride and a 16 B TMA pitch, got {_describe(weight)}")
+    if min(weight.shape) == 0:
+        raise ValueError(f"projection weight is empty: {_describe(weight)}")
+    if weight.shape[1] % 8 or max(weight.shape) >= 2**31:
+        raise ValueError(f"projection weight needs K % 8 == 0 and N, K < 2^31, got {_describe(weight)}")
+
+
 def _overlaps(a, b):
     """Whether two tensors' byte ranges intersect."""
     a0, b0 = a.data_ptr(), b.data_ptr()
@@ -157,23 +176,7 @@ class PreparedProjection:
     """
 
     def __init__(self, weight, policies, *, output_dtype=torch.bfloat16, programmatic_launch=True):
-        if not isinstance(weight, torch.Tensor):
-            raise TypeError(f"projection weight must be a torch.Tensor, got {type(weight)}")
-        if weight.dim() != 2 or weight.dtype not in WEIGHT_DTYPES:
-            raise ValueError(
-                f"projection weight must be a BF16/FP16 [N, K] matrix, got "
-                f"{tuple(weight.shape)} {weight.dtype}"
-            )
-        pitch = weight.stride(0) * weight.element_size() if weight.shape[0] > 1 else 0
-        if weight.stride(1) != 1 or pitch % TMA_ALIGN or weight.data_ptr() % TMA_ALIGN:
-            raise ValueError(
-                "projection weight rows need unit stride and a 16 B TMA pitch, got "
-                + _describe(weight)
-            )
-        if min(weight.shape) == 0:
-            raise ValueError(f"projection weight is empty: {_describe(weight)}")
-        if weight.shape[1] % 8 or max(weight.shape) >= 2**31:
-            raise ValueError(f"projection weight needs K % 8 == 0 and N, K < 2^31, got {_describe(weight)}")
+        check_weight(weight)
         if output_dtype not in OUTPUT_DTYPES:
             raise ValueError(f"unsupported projection output dtype {output_dtype}")
         if not isinstance(programmatic_launch, bool):
@@ -185,7 +188,13 @@ class PreparedProjection:
         for batch, tactic in dict(policies).items():
             if not isinstance(batch, int) or batch < 1:
                 raise ValueError(f"policy batch must be a positive int, got {batch!r}")
-            self.policies[batch] = as_tactic(tactic)
+            tactic = as_tactic(tactic)
+            # The kernel's grid holds the activation tiles along y (SplitKGemm.__call__).
+            m_tiles = math.ceil(math.ceil(batch / tactic.activation_rows) / tactic.weight_sharers) * tactic.weight_sharers
+            if m_tiles > MOST_GRID_ROWS:
+                raise ValueError(f"policy batch {batch} needs {m_tiles} activation tiles of {tactic.activation_rows} "
+                                 f"rows, more than a launch's {MOST_GRID_ROWS}")
+            self.policies[batch] = tactic
         self.kernels, self.extra, self.maps = {}, {}, {}
         self.policy_sources = dict.fromkeys(self.policies, "given")
         self._prepared_storage = None
@@ -198,6 +207,7 @@ class PreparedProjection:
         ``policy_sources`` says, per batch, which one was used. The tables were tuned with
         programmatic launch, timed both back to back and after a foreign kernel.
         """
+        check_weight(weight)
         architecture(weight.device)
         n, k = weight.shape
         policies, sources = resolve_policies(
@@ -209,15 +219,25 @@ class PreparedProjection:
         return projection.prepare()
 
     def prepare(self):
-        """Compile (or fetch) each batch's kernel and build the weight's device TMA maps."""
+        """Compile (or fetch) each batch's kernel and build the weight's device TMA maps, all or nothing.
+
+        A re-prepare (after ``weight`` or ``policies`` changed) replaces every kernel and map; CUDA graphs
+        captured before it hold the old maps' addresses and must be captured again.
+        """
         arch, dtype = architecture(self.device), self.output_dtype
-        self.maps.clear()  # descriptors of an earlier weight must never survive a re-prepare
+        # Until this prepare completes, run() refuses: the kernels and maps of an earlier one must never
+        # launch with descriptors this one frees, nor for batches it no longer holds.
+        self._prepared_storage = None
+        self.kernels, self.extra, self.maps = {}, {}, {}
+        kernels, extra = {}, {}
         with torch.cuda.device(self.device):
             for batch, tactic in self.policies.items():
+                tactic = as_tactic(tactic)
                 code = compile_projection(tactic, dtype, arch, self.weight.dtype, self.programmatic_launch)
                 _claim_device(code, self.device)
-                self.kernels[batch] = code
-                self.extra[batch] = self.weight_map(tactic.weight_load_rows)
+                kernels[batch] = code
+                extra[batch] = self.weight_map(tactic.weight_load_rows)
+        self.kernels, self.extra = kernels, extra
         self.weight_view = matrix_view(self.weight)
         self._prepared_storage = self._storage(self.weight)
         return self
@@ -246,6 +266,9 @@ class PreparedProjection:
                 )
             if tensor.stride(1) != 1:
                 raise ValueError(f"projection {name} rows need unit stride, got {_describe(tensor)}")
+            if tensor.is_neg():
+                # A lazily negated view: the kernel reads and writes its storage as is.
+                raise ValueError(f"projection {name} is a negated view; resolve it first (tensor.resolve_neg())")
         if self._prepared_storage is None:
             raise ValueError("projection is not prepared: call prepare() first")
         if self._storage(self.weight) != self._prepared_storage:

@@ -10,7 +10,7 @@ it, so a tactic accepted anywhere can be built and launched.
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 BOX_K = 64  # K of one TMA box: 64 16-bit elements = one 128-byte swizzle row
 K_BOXES = (1, 2, 4)  # boxes per stage along K: 128, 256 or 512 contiguous bytes of each weight row
@@ -246,6 +246,12 @@ class SplitKTactic:
 
     def problems(self) -> list[str]:
         """Why this tactic cannot run (empty when it can): the one validity predicate."""
+        # Exactly int or bool: the kernel's code is specialized on these values, and the DSL takes no others
+        # (a NumPy integer or a float failed only inside the compiler).
+        mistyped = [f"{field.name} {getattr(self, field.name)!r} is not {field.type.__name__}"
+                    for field in fields(self) if type(getattr(self, field.name)) is not field.type]
+        if mistyped:
+            return mistyped
         choices = {
             "weight rows": (self.weight_rows, WEIGHT_ROWS_AS_B if self.weight_as_b
                             else WEIGHT_ROWS_FOLDED if self.fold > 1 else WEIGHT_ROWS_AS_A),

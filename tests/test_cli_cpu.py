@@ -29,6 +29,10 @@ def test_tune_without_gpu_says_so(no_gpu, capsys, tmp_path):
 @pytest.mark.parametrize("argv", [
     ["bench", "--shape", "2304by1536"],
     ["bench", "--shape", "0x1536"],
+    ["bench", "--shape", "8x12"],  # K % 8 != 0: no projection takes it
+    ["bench", "--csv", "/no/such/directory/cells.csv"],  # refused before the run, not after it
+    ["tune", "--out", "/no/such/directory/t.json"],
+    ["tune", "--out", "missing-table.json", "--update"],
     ["bench", "--batches", "1,x"],
     ["bench", "--batches", "0"],
     ["bench", "--policies", "fastest"],
@@ -80,3 +84,10 @@ def test_markdown_of_a_saved_run_has_a_table_per_policy(capsys, tmp_path):
     printed = capsys.readouterr().out
     assert "tuned:\n| N x K" in printed and "batch-invariant:\n| N x K" in printed
     assert "| 2304 x 1536 | 7.1 | 3.4 | 3.0 / 5.1 |" in printed and "| 3.2 / 5.1 |" in printed
+
+
+def test_an_unreadable_saved_run_is_an_error_not_a_traceback(capsys, tmp_path):
+    assert main(["bench", "--from-json", str(tmp_path / "missing.json")]) == 2
+    (tmp_path / "empty.json").write_text("{}")
+    assert main(["bench", "--from-json", str(tmp_path / "empty.json")]) == 2
+    assert "cannot read a saved run" in capsys.readouterr().err

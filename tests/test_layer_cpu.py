@@ -56,3 +56,25 @@ def test_non_hopper_gpu_falls_back(monkeypatch):
     layer.prepare()
     monkeypatch.undo()
     assert layer.prepared is None and "8.0" in layer.unsupported
+
+
+def test_bad_configuration_is_refused_at_construction():
+    import pytest
+
+    weight = torch.randn(48, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="output dtype"):
+        ProjectionLinear(weight, output_dtype=torch.float16)
+    with pytest.raises(ValueError, match="positive ints"):
+        ProjectionLinear(weight, batches=(0, 4))
+
+
+def test_a_weight_the_kernel_cannot_take_falls_back_with_the_reason(monkeypatch):
+    from decode_projection import layer as layer_module
+
+    monkeypatch.setattr(layer_module, "architecture", lambda device: "sm_90a")
+    layer = ProjectionLinear(torch.randn(48, 60, dtype=torch.bfloat16))  # K % 8 != 0
+    # Pretend the weight is on a Hopper GPU: a model-wide swap must not die on this layer.
+    monkeypatch.setattr(torch.Tensor, "device", property(lambda self: torch.device("cuda", 0)), raising=False)
+    layer.prepare()
+    monkeypatch.undo()
+    assert layer.prepared is None and "16 B TMA pitch" in layer.unsupported

@@ -60,6 +60,15 @@ def test_policy_validation():
         PreparedProjection(weight, {1: (128, 256, 1, 8)})
     with pytest.raises(ValueError, match="positive int"):
         PreparedProjection(weight, {0: TACTIC})
+    # A launch holds at most 65535 activation tiles (the grid's y).
+    PreparedProjection(weight, {65535 * 8: (64, 8, 1, 4)})
+    with pytest.raises(ValueError, match="65536 activation tiles of 8 rows"):
+        PreparedProjection(weight, {65535 * 8 + 1: (64, 8, 1, 4)})
+    # Tactic fields are Python ints and bools: NumPy integers or floats failed only inside the compiler.
+    with pytest.raises(ValueError, match="stages 4.5 is not int"):
+        PreparedProjection(weight, {1: (64, 8, 1, 4.5)})
+    with pytest.raises(ValueError, match="weight_as_b 1 is not bool"):
+        PreparedProjection(weight, {1: (64, 8, 1, 4, 1, 1, 1, 1)})
 
 
 def test_prepare_refuses_cpu_weight():
@@ -105,6 +114,41 @@ def test_reprepare_rebuilds_the_weight_maps(monkeypatch):
     prepared.weight = second
     prepared.prepare()
     assert built == [first.data_ptr(), second.data_ptr()]
+
+
+def test_reprepare_drops_the_batches_its_policies_no_longer_hold(prepared):
+    prepared.policies = {4: TACTIC}
+    prepared.prepare()
+    with pytest.raises(ValueError, match=r"prepared batches \[4\]"):
+        prepared.run(torch.randn(16, 512, dtype=torch.bfloat16), torch.empty(16, 256, dtype=torch.bfloat16))
+
+
+def test_a_failed_reprepare_leaves_nothing_to_launch(prepared, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("compiler failure")
+
+    monkeypatch.setattr(projection, "compile_projection", broken)
+    with pytest.raises(RuntimeError):
+        prepared.prepare()
+    # The earlier kernels and the maps this attempt freed must not launch.
+    with pytest.raises(ValueError, match="not prepared"):
+        prepared.run(torch.randn(4, 512, dtype=torch.bfloat16), torch.empty(4, 256, dtype=torch.bfloat16))
+    assert not prepared.kernels and not prepared.extra
+
+
+def test_negated_views_are_refused(prepared):
+    x, out = torch.randn(4, 512, dtype=torch.bfloat16), torch.empty(4, 256, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="input is a negated view"):
+        prepared.run(torch._neg_view(x), out)
+    with pytest.raises(ValueError, match="weight is a negated view"):
+        PreparedProjection(torch._neg_view(torch.randn(8, 16, dtype=torch.bfloat16)), {})
+
+
+def test_for_weight_names_what_is_wrong_with_the_weight():
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        PreparedProjection.for_weight([[1.0] * 8])
+    with pytest.raises(ValueError, match=r"\[N, K\] matrix, got \(2, 4, 8\)"):
+        PreparedProjection.for_weight(torch.zeros(2, 4, 8, dtype=torch.bfloat16))
 
 
 def test_a_kernel_is_bound_to_one_device():
