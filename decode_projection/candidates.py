@@ -66,7 +66,7 @@ FOLDED_CANDIDATES = 2  # slots for SM-filling tiles with K folded into one warpg
 # Slots for split tactics without a buffer for their partials, in fewer stages that leave them one with as many CTAs
 # per SM (buffered_partials_tactics). On the H200, 2304 x 1536 M=64 ran (64,64,3,5) 0.43 us faster after glue than
 # (64,64,3,7) and 0.03 us slower back to back, where at K = 7168 the fewer stages of two CTAs per SM lost 0.2-0.5 us
-# (v36); with one CTA per SM, 3584 x 7168 M=64 ran the padded split tile (56,64,2,6,2) 0.3-0.5 us faster both ways
+# (v36); with one CTA per SM, 3584 x 7168 M=64 ran the padded split tile (56,64,2,6,2) 0.2-0.3 us faster both ways
 # than (56,64,2,7,2) and M=48 (56,48,2,7,2) 0.2 us faster back to back than (56,48,2,8,2) (v37).
 BUFFERED_PARTIALS_CANDIDATES = 2
 # From these activation rows on the weight as B is worth timing: at M=64 its SM-filling tiles beat every
