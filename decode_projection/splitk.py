@@ -67,6 +67,7 @@ once. The kernel is shaped around that:
 """
 
 import math
+from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
@@ -90,6 +91,16 @@ STAGED_STORE_ROWS = 32
 STAGING_PAD = 8  # elements after each staged activation row: a warp's staging stores then hit distinct banks
 STAGING_BARRIER = 1  # named barrier of the consumer warps (0 is the whole CTA's)
 VECTOR = 8  # 16-bit outputs per 16-byte store
+
+
+class CtaWork(NamedTuple):
+    """Where one CTA's consumers work: its weight and activation tiles, its place in the cluster, its K tiles."""
+
+    n_tile: cutlass.Int32  # weight tile (of ``split`` ranks)
+    m_tile: cutlass.Int32  # activation tile
+    rank: cutlass.Int32  # split-K rank: which slice of K
+    sharer: cutlass.Int32  # place among the CTAs that share a load (multicast)
+    k_count: cutlass.Int32  # K tiles (stages) to consume
 
 
 class SplitKGemm:
@@ -325,72 +336,79 @@ class SplitKGemm:
             if cutlass.const_expr(t.split > 1):
                 self.await_reduction_peers()  # the reduction's cluster barrier counts every thread
         else:
-            if cutlass.const_expr(t.reallocates_registers):
-                cute.arch.setmaxregister_increase(t.consumer_registers)
-            group = warp // 4
-            mma_group = tiled_mma.get_slice(group * 128)
-            s_a, s_b = (s_act, s_weight) if t.weight_as_b else (s_weight, s_act)
-            frag_a = tiled_mma.make_fragment_A(mma_group.partition_A(s_a))
-            frag_b = tiled_mma.make_fragment_B(mma_group.partition_B(s_b))
-            acc = cute.make_rmem_tensor(mma_group.partition_shape_C(t.tile_mnk[:2]), cutlass.Float32)
-            acc.fill(0.0)
-            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-            k_blocks = cute.size(frag_a, mode=[2])
-            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.stages)
-            # One wgmma group stays in flight: a stage is released once the group
-            # after it has been issued, so the tensor cores never wait on the
-            # release round trip (what limits compute-bound batches).
-            retired = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.stages)
-            for i in cutlass.range(k_count, unroll=1):
-                tiles.consumer_wait(state)
-                warpgroup.fence()
-                for kb in cutlass.range_constexpr(k_blocks):
-                    cute.gemm(
-                        tiled_mma,
-                        acc,
-                        frag_a[(None, None, kb, state.index)],
-                        frag_b[(None, None, kb, state.index)],
-                        acc,
-                    )
-                warpgroup.commit_group()
-                warpgroup.wait_group(1)
-                if i > 0:
-                    tiles.consumer_release(retired)
-                    retired.advance()
-                state.advance()
-            warpgroup.wait_group(0)
-            if k_count > 0:
-                tiles.consumer_release(retired)
-            # This CTA has streamed its weights: let the next launch in, unless it was let in at the start,
-            # and wait for the previous launch before writing ``out``.
-            if cutlass.const_expr(not t.dependents_at_start):
-                cute.arch.griddepcontrol_launch_dependents()
-            else:
-                # The late trigger used to stand between the last wgmma wait (and the ``k_count > 0`` release)
-                # and griddepcontrol.wait. With nothing there, ptxas serializes every wgmma of the main loop
-                # where the epilogue is staged (warning C7514: it counts the staging's accumulator reads as inside
-                # the pipeline stage), up to 50% slower; a fence keeps the stage closed. One per thread, harmless
-                # for the other early tactics (docs/performance.md, v22).
-                cute.arch.fence_acq_rel_cta()
-            if cutlass.const_expr(t.split == 1):
-                cute.arch.griddepcontrol_wait()  # the reduction waits once its partials are sent
+            self.consume(tiled_mma, tiles, storage, s_weight, s_act, out, warp, tidx,
+                         CtaWork(n_tile, m_tile, rank, sharer, k_count))
 
-            # Each accumulator's (A row, B row) in this CTA's tile.
-            coords = tiled_mma.get_slice(tidx).partition_C(cute.make_identity_tensor(t.tile_mnk[:2]))
-            row0 = n_tile * t.weight_rows
-            col0, repeated = self.activation_origin(m_tile, out.shape[1])
-            rows, cols = out.shape[0], out.shape[1]
-            if cutlass.const_expr(t.fold > 1):
-                self.store_folded(acc, coords, storage, out, row0, col0, repeated)
-            elif cutlass.const_expr(self.stages_output(out.element_type)):
-                self.store_staged(acc, coords, storage, out, row0, col0, repeated)
-            elif cutlass.const_expr(t.split == 1):
-                for r in cutlass.range_constexpr(cute.size(acc)):
-                    n, m = self.output_index(coords[r])
-                    if self.stores(n, m, row0, col0, rows, cols, repeated):
-                        self.store_kept_in_l2(out, row0 + n, col0 + m, acc[r].to(out.element_type))
-            else:
-                self.reduce_across_cluster(acc, coords, rank, sharer, storage, out, row0, col0, repeated)
+    @cute.jit
+    def consume(self, tiled_mma, tiles, storage, s_weight, s_act, out, warp, tidx, work):
+        """A consumer warpgroup: one wgmma group in flight over the stages as they land, then the epilogue."""
+        t = self.tactic
+        if cutlass.const_expr(t.reallocates_registers):
+            cute.arch.setmaxregister_increase(t.consumer_registers)
+        group = warp // 4
+        mma_group = tiled_mma.get_slice(group * 128)
+        s_a, s_b = (s_act, s_weight) if t.weight_as_b else (s_weight, s_act)
+        frag_a = tiled_mma.make_fragment_A(mma_group.partition_A(s_a))
+        frag_b = tiled_mma.make_fragment_B(mma_group.partition_B(s_b))
+        acc = cute.make_rmem_tensor(mma_group.partition_shape_C(t.tile_mnk[:2]), cutlass.Float32)
+        acc.fill(0.0)
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+        k_blocks = cute.size(frag_a, mode=[2])
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.stages)
+        # One wgmma group stays in flight: a stage is released once the group
+        # after it has been issued, so the tensor cores never wait on the
+        # release round trip (what limits compute-bound batches).
+        retired = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.stages)
+        for i in cutlass.range(work.k_count, unroll=1):
+            tiles.consumer_wait(state)
+            warpgroup.fence()
+            for kb in cutlass.range_constexpr(k_blocks):
+                cute.gemm(
+                    tiled_mma,
+                    acc,
+                    frag_a[(None, None, kb, state.index)],
+                    frag_b[(None, None, kb, state.index)],
+                    acc,
+                )
+            warpgroup.commit_group()
+            warpgroup.wait_group(1)
+            if i > 0:
+                tiles.consumer_release(retired)
+                retired.advance()
+            state.advance()
+        warpgroup.wait_group(0)
+        if work.k_count > 0:
+            tiles.consumer_release(retired)
+        # This CTA has streamed its weights: let the next launch in, unless it was let in at the start,
+        # and wait for the previous launch before writing ``out``.
+        if cutlass.const_expr(not t.dependents_at_start):
+            cute.arch.griddepcontrol_launch_dependents()
+        else:
+            # The late trigger used to stand between the last wgmma wait (and the ``k_count > 0`` release)
+            # and griddepcontrol.wait. With nothing there, ptxas serializes every wgmma of the main loop
+            # where the epilogue is staged (warning C7514: it counts the staging's accumulator reads as inside
+            # the pipeline stage), up to 50% slower; a fence keeps the stage closed. One per thread, harmless
+            # for the other early tactics (docs/performance.md, v22).
+            cute.arch.fence_acq_rel_cta()
+        if cutlass.const_expr(t.split == 1):
+            cute.arch.griddepcontrol_wait()  # the reduction waits once its partials are sent
+
+        # Each accumulator's (A row, B row) in this CTA's tile.
+        coords = tiled_mma.get_slice(tidx).partition_C(cute.make_identity_tensor(t.tile_mnk[:2]))
+        row0 = work.n_tile * t.weight_rows
+        col0, repeated = self.activation_origin(work.m_tile, out.shape[1])
+        rows, cols = out.shape[0], out.shape[1]
+        if cutlass.const_expr(t.fold > 1):
+            self.store_folded(acc, coords, storage, out, row0, col0, repeated)
+        elif cutlass.const_expr(self.stages_output(out.element_type)):
+            self.store_staged(acc, coords, storage, out, row0, col0, repeated)
+        elif cutlass.const_expr(t.split == 1):
+            for r in cutlass.range_constexpr(cute.size(acc)):
+                n, m = self.output_index(coords[r])
+                if self.stores(n, m, row0, col0, rows, cols, repeated):
+                    self.store_kept_in_l2(out, row0 + n, col0 + m, acc[r].to(out.element_type))
+        else:
+            self.reduce_across_cluster(acc, coords, work.rank, work.sharer, storage, out, row0, col0, repeated)
 
     @property
     def publishes_reduction_barrier_at_start(self) -> bool:
