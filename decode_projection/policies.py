@@ -13,9 +13,7 @@ import math
 
 from .gpu import H200, GpuSpec
 from .tables import TableKey, dtype_name, table_policies, table_summation_order
-from .tactic import (
-    ACTIVATION_ROWS, BOX_K, RESERVED_SMEM_PER_CTA, WEIGHT_ROWS, SplitKTactic, as_tactic, max_stages,
-)
+from .tactic import ACTIVATION_ROWS, BOX_K, WEIGHT_ROWS, SplitKTactic, as_tactic, max_stages, resident_ctas
 
 MIN_K_TILES_PER_CTA = 4  # fewer and the pipeline never fills
 HEURISTIC_SPLITS = (1, 2, 4, 8)  # the no-table rule keeps to the splits it was measured with
@@ -105,7 +103,7 @@ def pinned_tactic(n: int, k: int, batch: int, order, gpu: GpuSpec = H200) -> Spl
 
 def ctas_per_sm(tactic: SplitKTactic, gpu: GpuSpec = H200) -> int:
     """How many CTAs of ``tactic`` shared memory lets one SM hold at once."""
-    return max(1, gpu.smem_per_sm // (tactic.smem_bytes + RESERVED_SMEM_PER_CTA))
+    return resident_ctas(tactic.smem_bytes, gpu.smem_per_sm)
 
 
 def predicted_time_us(n: int, k: int, batch: int, tactic: SplitKTactic, gpu: GpuSpec = H200) -> float:
@@ -149,8 +147,7 @@ def activation_tile_choices(batch: int) -> list[int]:
 def grid_ctas(tactic: SplitKTactic, n: int, batch: int) -> int:
     """CTAs of ``tactic``'s grid, the tiles that share loads rounded up to whole multicast groups."""
     weight_groups = math.ceil(math.ceil(n / tactic.weight_rows) / tactic.activation_sharers)
-    activation_groups = math.ceil(math.ceil(batch / tactic.activation_rows) / tactic.weight_sharers)
-    return weight_groups * tactic.activation_sharers * tactic.split * activation_groups * tactic.weight_sharers
+    return weight_groups * tactic.activation_sharers * tactic.split * tactic.grid_rows(batch)
 
 
 def waves(tactic: SplitKTactic, n: int, batch: int, gpu: GpuSpec = H200, per_sm: int = 1) -> int:

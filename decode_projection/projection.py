@@ -8,7 +8,6 @@ arguments on the host and launches; it allocates nothing, never synchronizes
 and can be captured in a CUDA graph.
 """
 
-import math
 import threading
 from functools import cache
 
@@ -189,8 +188,7 @@ class PreparedProjection:
             if not isinstance(batch, int) or batch < 1:
                 raise ValueError(f"policy batch must be a positive int, got {batch!r}")
             tactic = as_tactic(tactic)
-            # The kernel's grid holds the activation tiles along y (SplitKGemm.__call__).
-            m_tiles = math.ceil(math.ceil(batch / tactic.activation_rows) / tactic.weight_sharers) * tactic.weight_sharers
+            m_tiles = tactic.grid_rows(batch)
             if m_tiles > MOST_GRID_ROWS:
                 raise ValueError(f"policy batch {batch} needs {m_tiles} activation tiles of {tactic.activation_rows} "
                                  f"rows, more than a launch's {MOST_GRID_ROWS}")

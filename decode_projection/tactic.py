@@ -236,8 +236,11 @@ class SplitKTactic:
             return False
         pipeline = BARRIER_BYTES + self.stages * self.stage_bytes
         buffered = pipeline + self.reduction_bytes
-        per_sm = SMEM_PER_SM // (pipeline + RESERVED_SMEM_PER_CTA)
-        return buffered <= SMEM_CAPACITY and SMEM_PER_SM // (buffered + RESERVED_SMEM_PER_CTA) == per_sm
+        return buffered <= SMEM_CAPACITY and resident_ctas(buffered) == resident_ctas(pipeline)
+
+    def grid_rows(self, batch: int) -> int:
+        """Activation tiles of the launch grid (its y) for ``batch``: whole groups of weight sharers."""
+        return math.ceil(math.ceil(batch / self.activation_rows) / self.weight_sharers) * self.weight_sharers
 
     @property
     def smem_bytes(self) -> int:
@@ -310,6 +313,11 @@ class SplitKTactic:
     def valid(self) -> bool:
         """True when the kernel can be built and launched with this tactic."""
         return not self.problems()
+
+
+def resident_ctas(smem_bytes: int, smem_per_sm: int = SMEM_PER_SM) -> int:
+    """How many CTAs of ``smem_bytes`` shared memory one SM holds at once (at least one)."""
+    return max(1, smem_per_sm // (smem_bytes + RESERVED_SMEM_PER_CTA))
 
 
 def as_tactic(tactic) -> SplitKTactic:
