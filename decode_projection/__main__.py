@@ -27,8 +27,14 @@ def shape(text):
     return n, k
 
 
+SHIPPED_ORDERS = "shipped"  # --invariant-order's value that pins every tuned shape to its shipped order
+
+
 def pinned_order(text):
-    """``"3072x7168=2,1"`` -> ``((3072, 7168), (2, 1))``: a shape and its summation order (split, K boxes)."""
+    """``"3072x7168=2,1"`` -> ``((3072, 7168), (2, 1))``: a shape and its summation order (split, K boxes);
+    ``"shipped"`` is kept as is."""
+    if text == SHIPPED_ORDERS:
+        return text
     try:
         weight, order = text.split("=")
         split, k_boxes = (int(part) for part in order.split(","))
@@ -156,13 +162,24 @@ def tune(args):
     from .tune import UnusableOrder
     from .tune import tune as run_tune
 
+    from .gpu import gpu_spec
+    from .tables import invariant_orders
+
+    weight_dtype, output_dtype = DTYPES[args.dtype], DTYPES[args.out_dtype]
+    pinned = {}
+    if SHIPPED_ORDERS in args.invariant_order:
+        gpu = gpu_spec(torch.cuda.current_device())
+        pinned = invariant_orders(gpu.name, gpu.sm_count, args.shape, weight_dtype, output_dtype)
+        kept = ", ".join(f"{n}x{k}={split},{boxes}" for (n, k), (split, boxes) in pinned.items())
+        print(f"the shipped batch-invariant orders: {kept or 'none for these shapes'}")
+    pinned.update(order for order in args.invariant_order if order != SHIPPED_ORDERS)
     try:
-        run_tune(args.shape, args.batches, weight_dtype=DTYPES[args.dtype], output_dtype=DTYPES[args.out_dtype],
+        run_tune(args.shape, args.batches, weight_dtype=weight_dtype, output_dtype=output_dtype,
                  limit=args.candidates, out_path=args.out, timings_path=args.timings,
                  invariant_limit=args.invariant_candidates if args.batch_invariant_out else None,
                  invariant_out_path=args.batch_invariant_out,
                  incumbents=None if args.ignore_shipped else shipped_tables(),
-                 kept_entries=read_entries(args.out) if args.update else (), pinned_orders=dict(args.invariant_order))
+                 kept_entries=read_entries(args.out) if args.update else (), pinned_orders=pinned)
     except UnusableOrder as error:
         print(f"tune: {error}", file=sys.stderr)
         return 2
@@ -214,7 +231,8 @@ def main(argv=None):
                           help="tactics with the pinned summation order timed per cell (default: %(default)s)")
     run_tune.add_argument("--invariant-order", type=pinned_order, action="append", default=[],
                           help="NxK=split,kboxes (repeatable): the batch-invariant table's summation order for "
-                               "that shape, instead of the tuner's choice")
+                               "that shape, instead of the tuner's choice; 'shipped': the shipped table's order "
+                               "for every tuned shape it holds (an NxK=... given too wins)")
     run_tune.add_argument("--timings", help="also write every candidate's time as JSON")
     run_tune.add_argument("--ignore-shipped", action="store_true",
                           help="do not time the shipped tables' tactics next to the new candidates")
@@ -234,12 +252,13 @@ def main(argv=None):
     if args.command == "tune" and args.invariant_order:
         if not args.batch_invariant_out:
             parser.error("--invariant-order pins the batch-invariant table's order: give --batch-invariant-out")
-        pinned = [weight for weight, _ in args.invariant_order]
-        stray = [f"{n}x{k}" for n, k in pinned if (n, k) not in args.shape]
+        pinned = [order if order == SHIPPED_ORDERS else order[0] for order in args.invariant_order]
+        named = [weight for weight in pinned if weight != SHIPPED_ORDERS]
+        stray = [f"{n}x{k}" for n, k in named if (n, k) not in args.shape]
         if stray:
             parser.error(f"--invariant-order for shapes this run does not tune: {', '.join(stray)}")
         if len(set(pinned)) < len(pinned):
-            parser.error("--invariant-order names a shape twice")
+            parser.error("--invariant-order names a shape (or 'shipped') twice")
     if args.command in ("bench", "warm"):
         from .bench import LAUNCHES, POLICY_KINDS
 

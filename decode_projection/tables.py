@@ -107,6 +107,18 @@ def table_summation_order(key: TableKey, tables=None):
     return next(iter(found.values())).summation_order if key.batch_invariant and found else None
 
 
+def invariant_orders(gpu: str, sm_count: int, shapes, weight_dtype, output_dtype, tables=None) -> dict:
+    """``{(n, k): (split, k boxes)}``: the order the batch-invariant table sums each of ``shapes`` in, where it
+    holds the shape."""
+    found = {}
+    for n, k in shapes:
+        key = TableKey(gpu, sm_count, n, k, dtype_name(weight_dtype), dtype_name(output_dtype), True)
+        order = table_summation_order(key, tables)
+        if order is not None:
+            found[n, k] = order
+    return found
+
+
 def write_table(path, entries, *, dsl_version: str, measured: str) -> None:
     """Write tuned entries (dicts with the TableKey fields, batch, tactic, us) as JSON."""
     document = {

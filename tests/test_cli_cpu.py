@@ -44,11 +44,33 @@ def test_tune_without_gpu_says_so(no_gpu, capsys, tmp_path):
      "--invariant-order", "3072x7168=2,1"],
     ["tune", "--out", "t.json", "--batch-invariant-out", "i.json", "--invariant-order", "3072x7168:2,1"],
     ["tune", "--out", "t.json", "--batch-invariant-out", "i.json", "--invariant-order", "3072x7168=2,3"],
+    ["tune", "--out", "t.json", "--invariant-order", "shipped"],
+    ["tune", "--out", "t.json", "--batch-invariant-out", "i.json", "--invariant-order", "shipped",
+     "--invariant-order", "shipped"],
 ])
 def test_bad_arguments_exit_with_usage(argv, no_gpu):
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     assert exit_info.value.code == 2
+
+
+def test_tune_pins_the_shipped_orders_unless_one_is_given(monkeypatch, capsys, tmp_path):
+    import decode_projection.__main__ as cli
+    import decode_projection.gpu
+    import decode_projection.tune
+    from decode_projection.gpu import H200
+
+    runs = []
+    monkeypatch.setattr(cli, "hopper_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(decode_projection.gpu, "gpu_spec", lambda device: H200)
+    monkeypatch.setattr(decode_projection.tune, "tune", lambda *args, **kwargs: runs.append(kwargs))
+    shapes = ["--shape", "3584x7168", "--shape", "2304x1536", "--shape", "64x128"]  # the last in no table
+    assert main(["tune", *shapes, "--out", str(tmp_path / "t.json"), "--batch-invariant-out", str(tmp_path / "i.json"),
+                 "--invariant-order", "shipped", "--invariant-order", "2304x1536=1,1"]) == 0
+    # 3584 x 7168 keeps the shipped table's split of 2 in 2-box stages; the order given for 2304 x 1536 wins.
+    assert runs[0]["pinned_orders"] == {(3584, 7168): (2, 2), (2304, 1536): (1, 1)}
+    assert "the shipped batch-invariant orders: 3584x7168=2,2, 2304x1536=3,1" in capsys.readouterr().out
 
 
 def test_warm_fills_the_persistent_cache(no_gpu, capsys, tmp_path, monkeypatch):
