@@ -28,7 +28,8 @@ batches the reserved slots alone exceed 8: the H200 tables were tuned with 12 to
 7. From WEIGHT_AS_B_ROWS activation rows on, WEIGHT_AS_B_CANDIDATES with the
    weight as wgmma's B, unless an order is pinned (the GPU tests verify batch
    invariance for the weight as A only), then SHARED_WEIGHT_CANDIDATES whose
-   weight tile is multicast to the batch's 2 to 4 activation tiles (``shared_weight_tactics``).
+   weight tile is multicast to the batch's 2 to 4 activation tiles (``shared_weight_tactics``)
+   and SHARED_WEIGHT_BUFFERED_CANDIDATES of those in fewer stages that buffer their partials.
 
 The tuner adds the twins of some that let the next launch in as they start
 (``early_dependents_tactics``).
@@ -69,6 +70,10 @@ FOLDED_CANDIDATES = 2  # slots for SM-filling tiles with K folded into one warpg
 # (v36); with one CTA per SM, 3584 x 7168 M=64 ran the padded split tile (56,64,2,6,2) 0.2-0.3 us faster both ways
 # than (56,64,2,7,2) and M=48 (56,48,2,7,2) 0.2 us faster back to back than (56,48,2,8,2) (v37).
 BUFFERED_PARTIALS_CANDIDATES = 2
+# A slot for the buffered twin of a split shared-weight tactic, the one that gives up the smallest share of its
+# stages: on 2112 x 7168 M=256 (80,128,2,7,1,2,1,B) ran 0.85 us faster back to back and 0.55 after glue than the
+# shipped (144,128,4,6,1,2,1,B) (v37); as the fourth shared-weight tactic in 8 stages it had no slot.
+SHARED_WEIGHT_BUFFERED_CANDIDATES = 1
 # From these activation rows on the weight as B is worth timing: at M=64 its SM-filling tiles beat every
 # weight-as-A tactic on the largest weights by 3-4% (6288 x 7168: 48 x 64 tiles, 131 CTAs; 20480 x 7168:
 # 160 x 64, 128 CTAs), where 64 activation rows do 64 FLOP per weight byte (docs/performance.md, v17).
@@ -227,6 +232,14 @@ def buffered_partials_tactics(tactics, gpu: GpuSpec = H200) -> list[SplitKTactic
     return list(dict.fromkeys(found))
 
 
+def buffered_keeping_most_stages(tactics, gpu: GpuSpec = H200) -> list[SplitKTactic]:
+    """The buffered twins of ``tactics`` (``buffered_partials_tactics``), those that give up the smallest share of
+    their stages first."""
+    depth = {replace(t, stages=0): t.stages for t in tactics}
+    twins = buffered_partials_tactics(tactics, gpu)
+    return sorted(twins, key=lambda twin: -twin.stages / depth[replace(twin, stages=0)])
+
+
 def with_k_boxes(tactic: SplitKTactic, k_boxes: int) -> SplitKTactic:
     """``tactic`` with ``k_boxes`` boxes per stage and the same boxes in flight (so no more shared memory)."""
     return replace(tactic, k_boxes=k_boxes, stages=tactic.stages * tactic.k_boxes // k_boxes)
@@ -266,8 +279,9 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
         columns = [t for t in columns if t.valid][:COLUMN_GROUP_CANDIDATES]
     if activation_rows >= WEIGHT_AS_B_ROWS and order is None:
         weight_as_b = filling_tactics(n, k, batch, gpu, weight_as_b=True)[:WEIGHT_AS_B_CANDIDATES]
-        shared_weight = [t for t in shared_weight_tactics(n, k, batch, gpu)
-                         if t not in weight_as_b][:SHARED_WEIGHT_CANDIDATES]
+        every_shared_weight = shared_weight_tactics(n, k, batch, gpu)
+        shared_weight = [t for t in every_shared_weight if t not in weight_as_b][:SHARED_WEIGHT_CANDIDATES]
+        shared_weight += buffered_keeping_most_stages(every_shared_weight, gpu)[:SHARED_WEIGHT_BUFFERED_CANDIDATES]
     sharing = [t for t in chosen if ctas_per_sm(t, gpu) > 1]
     buffered = [t for t in buffered_partials_tactics(sharing + padded + chosen, gpu) if t not in chosen + padded]
     buffered = buffered[:BUFFERED_PARTIALS_CANDIDATES]

@@ -367,3 +367,10 @@ def test_split_partials_get_shared_memory_of_their_own_where_it_fits():
     assert any(policies.ctas_per_sm(t) == 2 for t in offered)
     # The batch-invariant pass on 3584 x 7168 (order (2, 2)) times the padded split tile's buffered twin.
     assert SplitKTactic(56, 64, 2, 6, 2) in candidate_tactics(3584, 7168, 64, limit=6, order=(2, 2))
+    # Shared-weight tiles get a buffered twin of their own, the one that keeps the largest share of its stages:
+    # 7 of 8 for the 80-row split of 2 on 2112 x 7168 M=256, 4 of 6 for the cost model's 144-row split of 4.
+    shared = candidates.shared_weight_tactics(2112, 7168, 256)
+    assert SplitKTactic(80, 128, 2, 8, 1, 2, weight_as_b=True) in shared[candidates.SHARED_WEIGHT_CANDIDATES:]
+    assert candidates.buffered_keeping_most_stages(shared)[:2] == [
+        SplitKTactic(80, 128, 2, 7, 1, 2, weight_as_b=True), SplitKTactic(160, 64, 2, 6, 1, 4, weight_as_b=True)]
+    assert SplitKTactic(80, 128, 2, 7, 1, 2, weight_as_b=True) in candidate_tactics(2112, 7168, 256, limit=16)
