@@ -158,12 +158,10 @@ def tune(args):
     if not hopper_available():
         print("Tuning times kernels and needs a Hopper GPU (H100/H200).", file=sys.stderr)
         return 2
-    from .tables import read_entries, shipped_tables
+    from .gpu import gpu_spec
+    from .tables import invariant_orders, read_entries, shipped_tables
     from .tune import UnusableOrder
     from .tune import tune as run_tune
-
-    from .gpu import gpu_spec
-    from .tables import invariant_orders
 
     weight_dtype, output_dtype = DTYPES[args.dtype], DTYPES[args.out_dtype]
     pinned = {}

@@ -217,3 +217,14 @@ def test_stall_sites_rank_each_launchs_instructions_by_samples(tmp_path, capsys,
     (tmp_path / "labels.txt").write_text("only one\n")
     with pytest.raises(SystemExit):
         sites.main()
+
+
+def test_compile_candidates_covers_the_incumbents_and_checks_the_sass():
+    script = load_script("compile_candidates")
+    found = script.retune_tactics([(1536, 128)], [1], limit=2, invariant_limit=1)
+    # The shipped tactic of both tables for 1536 x 128 M=1 is among the candidates, compiled once.
+    from decode_projection.tables import shipped_tables
+    shipped = {batches[1] for key, batches in shipped_tables().items() if (key.n, key.k) == (1536, 128)}
+    assert shipped and shipped <= found
+    tactic, registers, hgmma, utmaldg, spills, _, error = script.check(next(iter(shipped)))
+    assert not error and registers > 0 and hgmma > 0 and utmaldg > 0 and spills == 0
