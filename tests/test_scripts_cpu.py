@@ -228,3 +228,11 @@ def test_compile_candidates_covers_the_incumbents_and_checks_the_sass():
     assert shipped and shipped <= found
     tactic, registers, hgmma, utmaldg, spills, _, error = script.check(next(iter(shipped)))
     assert not error and registers > 0 and hgmma > 0 and utmaldg > 0 and spills == 0
+
+
+def test_ab_check_refuses_a_folder_without_the_package(tmp_path):
+    import subprocess
+
+    env = {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "logs"), "AB_TREE": str(tmp_path), "AB_CELLS": "64x128:1:64,8,1,4"}
+    done = subprocess.run(["bash", str(SCRIPTS / "ab-check")], env=env, capture_output=True, text=True)
+    assert done.returncode == 2 and "no decode_projection/" in done.stdout
