@@ -10,14 +10,20 @@ benchmark, each launch writes its own output copy, so the output's lines are
 cold in L2; ``--one-output`` also times every launch writing one output buffer
 (hot in L2), which tells the cost of writing cold lines from the rest, and
 ``--no-programmatic-launch`` every tactic launched without programmatic
-dependent launch. Needs a Hopper GPU.
+dependent launch. ``--compare-package NAME`` also times every tactic as a
+changed copy of the package compiles it, the copy importable as ``NAME``
+(its folder renamed), interleaved in the same process: a kernel change
+against this tree without the drift between processes. Needs a Hopper GPU.
 
     python scripts/time_tactics.py 6288x7168:64:128,64,1,9,1,4/64,64,1,13 7168x1536:48:64,64,1,7
     python scripts/time_tactics.py 7168x4224:1:56,8,1,6,4/56,8,1,6,4,E
     python scripts/time_tactics.py --one-output --no-programmatic-launch 1536x128:64:64,64,1,4
+    python scripts/time_tactics.py --compare-package decode_projection_changed 2112x7168:64:64,64,3,7
 """
 
 import argparse
+import importlib
+from dataclasses import astuple
 
 import torch
 
@@ -49,20 +55,24 @@ def parse_tactic(text):
     return as_tactic((*numbers, flags["B"], flags["E"], *folds))
 
 
-def time_cell(n, k, batch, tactics, one_output=False, without_programmatic_launch=False):
+def time_cell(n, k, batch, tactics, one_output=False, without_programmatic_launch=False, compared=None):
     """{label: (back to back us, after glue us)} for torch.matmul and each tactic; with ``one_output``
     each of them again writing ``outs[0]`` only, with ``without_programmatic_launch`` each tactic
-    again prepared with ``programmatic_launch=False``."""
+    again prepared with ``programmatic_launch=False``, with ``compared`` (a copy of the package) each
+    tactic again as that copy compiles it."""
     copies = cold_copies(n * k * 2)
     weights = [torch.randn(n, k, device="cuda").to(torch.bfloat16) for _ in range(copies)]
     x = torch.randn(batch, k, device="cuda").to(torch.bfloat16)
     outs = [torch.empty(batch, n, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
     reference = Reference(x, weights[0], torch.bfloat16)
     runs = {"torch.matmul": lambda i, out: torch.matmul(x, weights[i].T, out=out)}  # weight copy i into out
+    packages = [(PreparedProjection, as_tactic, "")]
+    if compared is not None:
+        packages.append((compared.PreparedProjection, compared.tactic.as_tactic, f" [{compared.__name__}]"))
     for programmatic in (True, False) if without_programmatic_launch else (True,):
-        for tactic in tactics:
-            label = tactic.label + ("" if programmatic else " no PDL")
-            projections = [PreparedProjection(w, {batch: tactic}, programmatic_launch=programmatic).prepare()
+        for (prepared, own_tactic, suffix), tactic in [(package, t) for t in tactics for package in packages]:
+            label = tactic.label + ("" if programmatic else " no PDL") + suffix
+            projections = [prepared(w, {batch: own_tactic(astuple(tactic))}, programmatic_launch=programmatic).prepare()
                            for w in weights]
             outs[0].fill_(float("nan"))
             reference.check(projections[0].run(x, outs[0]), label=f"{n}x{k} M={batch} {label}")
@@ -79,18 +89,25 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("cells", nargs="+", type=parse_cell, help="NxK:M:tactic/tactic/...")
     parser.add_argument("--one-output", action="store_true", help="also time every launch writing one output buffer")
+    parser.add_argument("--compare-package", metavar="NAME",
+                        help="also time every tactic from a changed copy of the package importable as NAME")
     parser.add_argument("--no-programmatic-launch", action="store_true",
                         help="also time every tactic launched without programmatic dependent launch")
     args = parser.parse_args()
     arch = architecture(torch.device("cuda"))
     launch_kinds = (True, False) if args.no_programmatic_launch else (True,)
+    compared = importlib.import_module(args.compare_package) if args.compare_package else None
     compile_all((t, torch.bfloat16, arch, torch.bfloat16, programmatic)
                 for *_, tactics in args.cells for t in tactics for programmatic in launch_kinds)
-    print(f"{'cell':<18} {'launch':<34} {'back to back us':>16} {'after glue us':>14} {'mean':>7}")
+    if compared is not None:
+        importlib.import_module(f"{compared.__name__}.warmup").compile_all(
+            (compared.tactic.as_tactic(astuple(t)), torch.bfloat16, arch, torch.bfloat16, programmatic)
+            for *_, tactics in args.cells for t in tactics for programmatic in launch_kinds)
+    print(f"{'cell':<18} {'launch':<50} {'back to back us':>16} {'after glue us':>14} {'mean':>7}")
     for n, k, batch, tactics in args.cells:
-        timed = time_cell(n, k, batch, tactics, args.one_output, args.no_programmatic_launch)
+        timed = time_cell(n, k, batch, tactics, args.one_output, args.no_programmatic_launch, compared)
         for label, (chained, alone) in timed.items():
-            print(f"{f'{n}x{k} M={batch}':<18} {label:<34} {chained:16.2f} {alone:14.2f} {(chained + alone) / 2:7.2f}")
+            print(f"{f'{n}x{k} M={batch}':<18} {label:<50} {chained:16.2f} {alone:14.2f} {(chained + alone) / 2:7.2f}")
         print(flush=True)
 
 
