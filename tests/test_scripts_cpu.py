@@ -236,3 +236,24 @@ def test_ab_check_refuses_a_folder_without_the_package(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "logs"), "AB_TREE": str(tmp_path), "AB_CELLS": "64x128:1:64,8,1,4"}
     done = subprocess.run(["bash", str(SCRIPTS / "ab-check")], env=env, capture_output=True, text=True)
     assert done.returncode == 2 and "no decode_projection/" in done.stdout
+
+
+def test_changed_cells_rank_by_the_same_runs_timings():
+    script = load_script("changed_cells")
+
+    def entry(n, batch, tactic, invariant=False):
+        return {"gpu": "NVIDIA H200", "sm_count": 132, "n": n, "k": 7168, "weight_dtype": "bfloat16",
+                "output_dtype": "bfloat16", "batch_invariant": invariant, "batch": batch, "tactic": tactic, "us": 1.0}
+
+    a, b, c = [64, 64, 3, 7, 1, 1, 1, False, False, 1], [64, 64, 3, 5, 1, 1, 1, False, False, 1], \
+        [56, 64, 2, 6, 2, 1, 1, False, False, 1]
+    old = [entry(2112, 64, a), entry(2112, 48, a), entry(3584, 64, a, True)]
+    new = [entry(2112, 64, b), entry(2112, 48, a), entry(3584, 64, c, True)]
+    timings = [{"n": 2112, "k": 7168, "batch": 64, "timed": [[a, 10.0, 12.0], [b, 9.9, 11.9]]},
+               {"n": 3584, "k": 7168, "batch": 64, "timed": [[a, 15.0, 17.0], [c, 14.4, 16.2]]}]
+    found = script.changed([(old[:2], new[:2]), (old[2:], new[2:])], timings)
+    assert [cell for _, cell, _ in found] == [(3584, 7168, 64), (2112, 7168, 64)]  # 0.7 us, then 0.1
+    assert abs(found[0][0] - 0.7) < 1e-9
+    assert script.probe_cell(*found[0][1:]) == "3584x7168:64:64,64,3,7,1,1,1/56,64,2,6,2,1,1"
+    time_tactics = load_script("time_tactics")
+    assert time_tactics.parse_cell(script.probe_cell(*found[0][1:]))[3][1] == SplitKTactic(56, 64, 2, 6, 2)

@@ -1,0 +1,63 @@
+"""The cells a re-tune changed, as scripts/time_tactics.py cells: the old and the new tactic of each, largest gain first.
+
+Compares tables cell by cell (free and batch-invariant alike) and ranks the changed cells by what the re-tune's own
+timings (``tune --timings``) gave the old and the new tactic in the same run (mean of back to back and after glue),
+so that a probe after the re-tune times the cells that moved most next to torch.matmul:
+
+    python scripts/changed_cells.py --most 8 --timings tune-timings.json old-free.json new-free.json \\
+        old-invariant.json new-invariant.json
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+from decode_projection.tables import key_of, read_entries
+from decode_projection.tactic import as_tactic
+
+
+def changed(pairs, timings) -> list[tuple[float, tuple, list]]:
+    """``[(gain us, (n, k, batch), [old, new])]`` for every cell whose tactic differs, by gain, largest first."""
+    measured = {(row["n"], row["k"], row["batch"]): {tuple(t): (b2b + glue) / 2 for t, b2b, glue in row["timed"]}
+                for row in timings}
+    tactics = {}
+    for old_entries, new_entries in pairs:
+        old = {(key_of(e), e["batch"]): tuple(e["tactic"]) for e in old_entries}
+        for entry in new_entries:
+            before, after = old.get((key_of(entry), entry["batch"])), tuple(entry["tactic"])
+            if before is not None and before != after:
+                cell = (entry["n"], entry["k"], entry["batch"])
+                tactics.setdefault(cell, {})
+                tactics[cell].update(dict.fromkeys([before, after]))
+    found = []
+    for cell, timed in tactics.items():
+        means = measured.get(cell, {})
+        known = [means[t] for t in timed if t in means]
+        gain = max(known) - min(known) if len(known) > 1 else 0.0
+        found.append((gain, cell, list(timed)))
+    return sorted(found, key=lambda item: -item[0])
+
+
+def probe_cell(cell, tactics) -> str:
+    """``NxK:M:t1/t2`` in time_tactics.py's syntax (a tactic's label without its parentheses)."""
+    n, k, batch = cell
+    return f"{n}x{k}:{batch}:" + "/".join(as_tactic(t).label.strip("()") for t in tactics)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("tables", nargs="+", help="old and new table, in pairs")
+    parser.add_argument("--timings", required=True, help="the re-tune's --timings JSON")
+    parser.add_argument("--most", type=int, default=8, help="cells to print (default: %(default)s)")
+    args = parser.parse_args()
+    if len(args.tables) % 2:
+        parser.error("tables come in pairs: old, new")
+    entries = [read_entries(path) for path in args.tables]
+    found = changed(list(zip(entries[::2], entries[1::2])), json.loads(Path(args.timings).read_text()))
+    for gain, cell, tactics in found:
+        print(f"{probe_cell(cell, tactics):<70} {gain:5.2f} us")
+    print(" ".join(probe_cell(cell, tactics) for _, cell, tactics in found[: args.most]))
+
+
+if __name__ == "__main__":
+    main()
