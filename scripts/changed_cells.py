@@ -1,8 +1,8 @@
 """The cells a re-tune changed, as scripts/time_tactics.py cells: the old and the new tactic of each, largest gain first.
 
-Compares tables cell by cell (free and batch-invariant alike) and ranks the changed cells by what the re-tune's own
-timings (``tune --timings``) gave the old and the new tactic in the same run (mean of back to back and after glue),
-so that a probe after the re-tune times the cells that moved most next to torch.matmul:
+Compares each pair of tables cell by cell (free and batch-invariant alike) and ranks the changed cells by what the
+re-tune's own timings (``tune --timings``) gave the old tactic over the new one in the same run (mean of back to back
+and after glue), so that a probe after the re-tune times the cells that moved most next to torch.matmul:
 
     python scripts/changed_cells.py --most 8 --timings tune-timings.json old-free.json new-free.json \\
         old-invariant.json new-invariant.json
@@ -10,31 +10,35 @@ so that a probe after the re-tune times the cells that moved most next to torch.
 
 import argparse
 import json
+from dataclasses import astuple
 from pathlib import Path
 
 from decode_projection.tables import key_of, read_entries
 from decode_projection.tactic import as_tactic
 
 
+def normal(tactic) -> tuple:
+    """A tactic's fields in full (older tables leave out the trailing fold)."""
+    return astuple(as_tactic(tuple(tactic)))
+
+
 def changed(pairs, timings) -> list[tuple[float, tuple, list]]:
-    """``[(gain us, (n, k, batch), [old, new])]`` for every cell whose tactic differs, by gain, largest first."""
-    measured = {(row["n"], row["k"], row["batch"]): {tuple(t): (b2b + glue) / 2 for t, b2b, glue in row["timed"]}
+    """``[(gain us, (n, k, batch), [old, new])]`` for every cell of each (old, new) table pair whose tactic differs,
+    largest gain first: the old tactic's mean minus the new one's in the re-tune's timings (0 where either is
+    missing there)."""
+    measured = {(row["n"], row["k"], row["batch"]): {normal(t): (b2b + glue) / 2 for t, b2b, glue in row["timed"]}
                 for row in timings}
-    tactics = {}
-    for old_entries, new_entries in pairs:
-        old = {(key_of(e), e["batch"]): tuple(e["tactic"]) for e in old_entries}
-        for entry in new_entries:
-            before, after = old.get((key_of(entry), entry["batch"])), tuple(entry["tactic"])
-            if before is not None and before != after:
-                cell = (entry["n"], entry["k"], entry["batch"])
-                tactics.setdefault(cell, {})
-                tactics[cell].update(dict.fromkeys([before, after]))
     found = []
-    for cell, timed in tactics.items():
-        means = measured.get(cell, {})
-        known = [means[t] for t in timed if t in means]
-        gain = max(known) - min(known) if len(known) > 1 else 0.0
-        found.append((gain, cell, list(timed)))
+    for old_entries, new_entries in pairs:
+        old = {(key_of(e), e["batch"]): normal(e["tactic"]) for e in old_entries}
+        for entry in new_entries:
+            before, after = old.get((key_of(entry), entry["batch"])), normal(entry["tactic"])
+            if before is None or before == after:
+                continue
+            cell = (entry["n"], entry["k"], entry["batch"])
+            means = measured.get(cell, {})
+            gain = means[before] - means[after] if before in means and after in means else 0.0
+            found.append((gain, cell, [before, after]))
     return sorted(found, key=lambda item: -item[0])
 
 
