@@ -4,7 +4,7 @@ two consumer warpgroups splitting the activation tile; the weight as wgmma's B, 
 activations, and multicast to 2 or 3 activation tiles; weight tiles padded to whole warpgroups; the unsplit epilogue
 staged in shared memory, with and without 16-byte output stores; K folded; the last activation tile moved back
 to end at row M; split-K partials in a buffer of their own and in the drained stages. Arguments, if any, are the
-indices in CASES of the cases to run."""
+indices in CASES of the cases to run, or ``split`` for every case with split K."""
 
 import sys
 
@@ -69,7 +69,11 @@ CASES = [
     (SplitKTactic(48, 64, 3, 6, 2, 2, 1, True), 136, 1544, 100),
 ]
 
-for tactic, n, k, batch in [CASES[int(i)] for i in sys.argv[1:]] or CASES:
+if sys.argv[1:] == ["split"]:
+    chosen = [case for case in CASES if case[0].split > 1]
+else:
+    chosen = [CASES[int(i)] for i in sys.argv[1:]] or CASES
+for tactic, n, k, batch in chosen:
     weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(batch, k, device="cuda", dtype=torch.bfloat16)
     out = torch.full((batch, n), float("nan"), device="cuda", dtype=torch.bfloat16)
