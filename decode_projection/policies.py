@@ -160,7 +160,7 @@ def waves(tactic: SplitKTactic, n: int, batch: int, gpu: GpuSpec = H200, per_sm:
 def resolve_policies(n, k, batches, *, gpu: GpuSpec, weight_dtype, output_dtype, batch_invariant=False,
                      use_tables=True):
     """``({batch: tactic}, {batch: "table" | "heuristic"})``: tuned entries where a table matches."""
-
+    batches = tuple(batches)  # read three times below: a generator would be spent after the first
     tuned, order = {}, None
     if use_tables:
         key = TableKey(gpu.name, gpu.sm_count, n, k, dtype_name(weight_dtype), dtype_name(output_dtype),

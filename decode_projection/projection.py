@@ -96,7 +96,8 @@ def matrix_view(tensor, *, output=False):
     shape = (cols, rows, 1) if output else (rows, cols, 1)
     stride = (1, pitch, 0) if output else (pitch, 1, 0)
     align = tensor.element_size() if output else TMA_ALIGN
-    result = to_cute(tensor.as_strided(shape, stride), assumed_align=align)
+    # Detached: DLPack refuses tensors that require grad, and the kernel never takes part in autograd.
+    result = to_cute(tensor.detach().as_strided(shape, stride), assumed_align=align)
     return result.mark_layout_dynamic(leading_dim=0 if output else 1)
 
 
@@ -152,15 +153,28 @@ def check_weight(weight):
         raise ValueError(f"projection weight rows need unit stride and a 16 B TMA pitch, got {_describe(weight)}")
     if min(weight.shape) == 0:
         raise ValueError(f"projection weight is empty: {_describe(weight)}")
+    if weight.shape[0] > 1 and weight.stride(0) < weight.shape[1]:
+        raise ValueError(f"projection weight rows overlap (an expanded or strided view?): {_describe(weight)}")
     if weight.shape[1] % 8 or max(weight.shape) >= 2**31:
         raise ValueError(f"projection weight needs K % 8 == 0 and N, K < 2^31, got {_describe(weight)}")
 
 
 def _overlaps(a, b):
-    """Whether two tensors' byte ranges intersect."""
+    """Whether two 2-D tensors of unit column stride share a byte: exactly where their rows are equally pitched
+    (column slices of one buffer do not overlap), else whether their byte spans intersect."""
     a0, b0 = a.data_ptr(), b.data_ptr()
-    a1 = a0 + (a.shape[0] - 1) * a.stride(0) * a.element_size() + a.shape[1] * a.element_size()
-    b1 = b0 + (b.shape[0] - 1) * b.stride(0) * b.element_size() + b.shape[1] * b.element_size()
+    a_width, b_width = a.shape[1] * a.element_size(), b.shape[1] * b.element_size()
+    a_pitch = a.stride(0) * a.element_size() if a.shape[0] > 1 else None
+    b_pitch = b.stride(0) * b.element_size() if b.shape[0] > 1 else None
+    pitch = a_pitch or b_pitch or max(a_width, b_width)  # a single row's pitch is never used
+    if a_pitch in (None, pitch) and b_pitch in (None, pitch) and max(a_width, b_width) <= pitch:
+        # Row i of a and row j of b share a byte iff -b_width < (b0 - a0) + (j - i) * pitch < a_width.
+        offset = b0 - a0
+        lowest = max((-b_width - offset) // pitch + 1, 1 - a.shape[0])
+        highest = min(-((offset - a_width) // pitch) - 1, b.shape[0] - 1)
+        return lowest <= highest
+    a1 = a0 + (a.shape[0] - 1) * a.stride(0) * a.element_size() + a_width
+    b1 = b0 + (b.shape[0] - 1) * b.stride(0) * b.element_size() + b_width
     return a0 < b1 and b0 < a1
 
 
@@ -172,6 +186,12 @@ class PreparedProjection:
     where that kernel triggers its dependents early (another projection does).
     After a kernel that never does, as PyTorch's do not, False measured
     0.14-0.53 us faster per launch on the H200 (docs/performance.md, v20).
+    With it, the first weight stages load before the kernel waits on the
+    previous one, which only the activations and the output depend on: a kernel
+    that writes the weight and triggers its dependents early must not come just
+    before ``run`` (launch with ``programmatic_launch=False`` there). The
+    weight's TMA descriptors live in device memory owned by this object: keep
+    it alive until the launches that use it have finished.
     """
 
     def __init__(self, weight, policies, *, output_dtype=torch.bfloat16, programmatic_launch=True):
@@ -226,6 +246,10 @@ class PreparedProjection:
         # Until this prepare completes, run() refuses: the kernels and maps of an earlier one must never
         # launch with descriptors this one frees, nor for batches it no longer holds.
         self._prepared_storage = None
+        if self.maps:
+            # Launches on any stream may still read the old descriptors; the caching allocator would hand
+            # their memory to the next allocation on the stream they were made on.
+            torch.cuda.synchronize(self.device)
         self.kernels, self.extra, self.maps = {}, {}, {}
         kernels, extra = {}, {}
         with torch.cuda.device(self.device):

@@ -113,6 +113,10 @@ def test_table_round_trip_and_lookup(tmp_path, monkeypatch):
     assert sources == {1: "heuristic"}
     _, sources = resolve_policies(2112, 7168, [1], gpu=H200, weight_dtype=torch.bfloat16, output_dtype=torch.float32)
     assert sources == {1: "heuristic"}
+    # Batches may come from a generator, read once.
+    found, sources = resolve_policies(2112, 7168, (b for b in (1, 16)), gpu=H200, weight_dtype=torch.bfloat16,
+                                      output_dtype=torch.bfloat16)
+    assert sources == {1: "table", 16: "heuristic"} and set(found) == {1, 16}
 
 
 def test_batch_invariant_table_fixes_the_split_for_uncovered_batches(monkeypatch, tmp_path):

@@ -25,6 +25,7 @@ def pretend_hopper(monkeypatch):
     monkeypatch.setattr(projection, "architecture", lambda device: "sm_90a")
     monkeypatch.setattr(projection, "tensor_maps", lambda specs, device: torch.zeros(128, dtype=torch.uint8))
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
 
 
 @pytest.fixture
@@ -46,6 +47,8 @@ def test_weight_validation_messages():
         PreparedProjection(torch.zeros(8, 12, dtype=torch.bfloat16), {})  # 24-byte pitch
     with pytest.raises(ValueError, match="K % 8 == 0"):
         PreparedProjection(torch.zeros(8, 1024, dtype=torch.bfloat16)[:, :1004], {})
+    with pytest.raises(ValueError, match="rows overlap"):
+        PreparedProjection(torch.zeros(1, 64, dtype=torch.bfloat16).expand(8, 64), {})
     with pytest.raises(ValueError, match="unsupported projection output dtype"):
         PreparedProjection(torch.zeros(8, 16, dtype=torch.bfloat16), {}, output_dtype=torch.float16)
     with pytest.raises(TypeError):
@@ -109,11 +112,54 @@ def test_reprepare_rebuilds_the_weight_maps(monkeypatch):
     pretend_hopper(monkeypatch)
     built = []
     monkeypatch.setattr(projection, "tensor_maps", lambda specs, device: built.append(specs[0][0]) or torch.zeros(128, dtype=torch.uint8))
+    # The old maps are freed only once the device is idle: a launch on another stream may still read them.
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: built.append("synchronized"))
     first, second = torch.randn(256, 512, dtype=torch.bfloat16), torch.randn(256, 512, dtype=torch.bfloat16)
     prepared = PreparedProjection(first, {4: TACTIC}).prepare()
     prepared.weight = second
     prepared.prepare()
-    assert built == [first.data_ptr(), second.data_ptr()]
+    assert built == [first.data_ptr(), "synchronized", second.data_ptr()]
+
+
+def test_tensors_that_require_grad_are_taken_as_they_are(monkeypatch):
+    pretend_hopper(monkeypatch)
+    weight = torch.randn(256, 512, dtype=torch.bfloat16, requires_grad=True)  # an nn.Linear's weight
+    prepared = PreparedProjection(weight, {4: TACTIC}).prepare()
+    x = torch.randn(4, 512, dtype=torch.bfloat16, requires_grad=True)
+    for tensor in (x, torch.empty(4, 256, dtype=torch.bfloat16, requires_grad=True)):
+        assert projection.matrix_view(tensor, output=tensor.shape[1] == 256) is not None
+    assert prepared.weight_view is not None
+
+
+def test_overlap_is_exact_for_equally_pitched_rows():
+    """Column slices of one buffer are disjoint; compare with the set of bytes each view covers."""
+
+    def covered(view):
+        start = view.data_ptr()
+        pitch = view.stride(0) * view.element_size()
+        return {start + row * pitch + byte for row in range(view.shape[0])
+                for byte in range(view.shape[1] * view.element_size())}
+
+    generator = torch.Generator().manual_seed(0)
+    buffer = torch.empty(12, 96, dtype=torch.bfloat16)
+    flat = torch.empty(12 * 96, dtype=torch.bfloat16)
+    views = []
+    for _ in range(60):
+        rows, first_row, first_col = (int(v) for v in torch.randint(1, 5, (3,), generator=generator))
+        cols = int(torch.randint(8, 96 - first_col, (1,), generator=generator))
+        views.append(buffer[first_row : first_row + rows, first_col : first_col + cols])
+        # The same bytes at another pitch: the span test decides those.
+        pitch = cols + int(torch.randint(0, 24, (1,), generator=generator))
+        views.append(flat[first_col :].as_strided((rows, cols), (pitch, 1)))
+    for a in views:
+        for b in views:
+            if a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr():
+                truth = bool(covered(a) & covered(b))
+                assert projection._overlaps(a, b) == truth or (not truth and a.stride(0) != b.stride(0)), (
+                    a.stride(), a.storage_offset(), a.shape, b.stride(), b.storage_offset(), b.shape)
+    x_and_out = torch.empty(4, 768, dtype=torch.bfloat16)
+    assert not projection._overlaps(x_and_out[:, :512], x_and_out[:, 512:])
+    assert projection._overlaps(x_and_out[:, :513], x_and_out[:, 512:])
 
 
 def test_reprepare_drops_the_batches_its_policies_no_longer_hold(prepared):
