@@ -7,7 +7,9 @@ without graph breaks and CUDA graphs capture it. The op finds the prepared
 projection through a registry handle (an int: custom ops cannot take Python
 objects) and dispatches by batch; batches without a tactic, CPU inputs and
 dtypes the kernel does not take fall back to ``F.linear``. Every fallback is
-counted on the layer (``fallbacks``), never silent.
+counted on the layer (``fallbacks``), never silent. A batch-invariant layer
+never falls back for a batch: it runs the rows in the batches it holds (the
+largest, then the rest zero-padded), each of which sums in the one order.
 """
 
 import itertools
@@ -40,15 +42,34 @@ def project(x: torch.Tensor, weight: torch.Tensor, handle: int, out_dtype: torch
             raise ValueError("ProjectionLinear's weight changed since it was prepared; call prepare() before capturing")
         layer.prepare()
         prepared = layer.prepared
-    if prepared is None or rows.shape[0] not in prepared.kernels:
+    held = prepared.kernels if prepared is not None else {}
+    if rows.shape[0] not in held and not (layer.batch_invariant and held and rows.shape[0] > 0):
         layer.fallbacks["batch without a tactic" if prepared is not None else "not prepared"] += 1
         return F.linear(x, weight).to(out_dtype)
     pitch = rows.stride(0) * rows.element_size()
     if rows.stride(1) != 1 or rows.data_ptr() % 16 or (rows.shape[0] > 1 and (pitch % 16 or rows.stride(0) < rows.shape[1])):
         rows = rows.clone(memory_format=torch.contiguous_format)  # TMA wants dense, 16-byte aligned rows
     out = torch.empty(rows.shape[0], weight.shape[0], device=x.device, dtype=out_dtype)
-    prepared.run(rows, out)
+    if rows.shape[0] in held:
+        prepared.run(rows, out)
+    else:
+        run_in_held_batches(prepared, rows, out)
     return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def run_in_held_batches(prepared, rows, out):
+    """``out = rows @ weight^T`` in chunks of the largest batch ``prepared`` holds, the last zero-padded up to the
+    smallest held batch it fits in: bitwise what any batch gives where every batch sums in one order."""
+    largest = max(prepared.kernels)
+    for start in range(0, rows.shape[0], largest):
+        count = min(largest, rows.shape[0] - start)
+        batch = min(held for held in prepared.kernels if held >= count)
+        if batch == count:
+            prepared.run(rows[start : start + count], out[start : start + count])
+            continue
+        padded = rows.new_zeros(batch, rows.shape[1])
+        padded[:count] = rows[start : start + count]
+        out[start : start + count] = prepared.run(padded, out.new_empty(batch, out.shape[1]))[:count]
 
 
 @project.register_fake
@@ -119,16 +140,16 @@ class ProjectionLinear(nn.Module):
         try:
             architecture(weight.device)
             check_weight(weight.data)
+            n, k = weight.shape
+            policies, _ = resolve_policies(
+                n, k, self.batches, gpu=gpu_spec(weight.device), weight_dtype=weight.dtype,
+                output_dtype=self.output_dtype, batch_invariant=self.batch_invariant,
+            )
+            # Also refuses a second GPU in one process (projection._claim_device): that layer falls back.
+            self.prepared = PreparedProjection(weight.data, policies, output_dtype=self.output_dtype,
+                                               programmatic_launch=self.programmatic_launch).prepare()
         except ValueError as error:
             self.unsupported = str(error)
-            return
-        n, k = weight.shape
-        policies, _ = resolve_policies(
-            n, k, self.batches, gpu=gpu_spec(weight.device), weight_dtype=weight.dtype,
-            output_dtype=self.output_dtype, batch_invariant=self.batch_invariant,
-        )
-        self.prepared = PreparedProjection(weight.data, policies, output_dtype=self.output_dtype,
-                                           programmatic_launch=self.programmatic_launch).prepare()
 
     def _apply(self, fn, *args, **kwargs):
         """Moving or casting the module re-prepares the projection for the new weight."""

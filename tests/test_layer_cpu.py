@@ -78,3 +78,48 @@ def test_a_weight_the_kernel_cannot_take_falls_back_with_the_reason(monkeypatch)
     layer.prepare()
     monkeypatch.undo()
     assert layer.prepared is None and "16 B TMA pitch" in layer.unsupported
+
+
+def test_a_second_gpu_falls_back_with_the_reason(monkeypatch):
+    from decode_projection import layer as layer_module
+    from decode_projection.gpu import H200
+
+    class ClaimedElsewhere(layer_module.PreparedProjection):
+        def prepare(self):
+            raise ValueError("this kernel already runs on cuda:0; projections on several GPUs ...")
+
+    monkeypatch.setattr(layer_module, "architecture", lambda device: "sm_90a")
+    monkeypatch.setattr(layer_module, "gpu_spec", lambda device: H200)
+    monkeypatch.setattr(layer_module, "PreparedProjection", ClaimedElsewhere)
+    layer = ProjectionLinear(torch.randn(48, 64, dtype=torch.bfloat16))
+    monkeypatch.setattr(torch.Tensor, "device", property(lambda self: torch.device("cuda", 1)), raising=False)
+    layer.prepare()
+    monkeypatch.undo()
+    assert layer.prepared is None and "several GPUs" in layer.unsupported
+
+
+class HeldBatches:
+    """A stand-in for a prepared projection: the batches it holds, and the batches it was run at."""
+
+    def __init__(self, weight, batches):
+        self.weight, self.kernels, self.launched = weight, dict.fromkeys(batches), []
+
+    def run(self, x, out):
+        assert x.shape[0] in self.kernels and out.shape[0] == x.shape[0]
+        self.launched.append(x.shape[0])
+        out.copy_(x.double() @ self.weight.double().T)
+        return out
+
+
+def test_batch_invariant_rows_run_in_the_batches_held():
+    from decode_projection.layer import run_in_held_batches
+
+    # Small integers: every sum is exact, whatever batch float64 matmul blocks by.
+    weight = torch.randint(-8, 8, (48, 64)).double()
+    for held, rows, launched in [((1, 8), 13, [8, 8]), ((4, 16), 37, [16, 16, 16]), ((2, 4), 3, [4]), ((8,), 8, [8])]:
+        prepared = HeldBatches(weight, held)
+        x = torch.randint(-8, 8, (rows, 64)).double()
+        out = torch.full((rows, 48), float("nan"), dtype=torch.float64)
+        run_in_held_batches(prepared, x, out)
+        assert prepared.launched == launched
+        torch.testing.assert_close(out, x @ weight.T, rtol=0, atol=0)

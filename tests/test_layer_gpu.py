@@ -37,6 +37,18 @@ def test_unprepared_batch_falls_back_and_is_counted():
     assert layer.fallbacks["batch without a tactic"] == 1
 
 
+def test_batch_invariant_layer_runs_every_batch_in_the_order_of_one_row():
+    """Batches it holds no tactic for run in held batches (8, then 5 rows padded to 8): each row's bits are
+    those it gets alone."""
+    layer = ProjectionLinear(torch.randn(2112, 7168, device="cuda", dtype=torch.bfloat16), batches=(1, 8),
+                             batch_invariant=True)
+    x = torch.randn(13, 7168, device="cuda", dtype=torch.bfloat16)
+    together = layer(x)
+    alone = torch.cat([layer(x[row : row + 1]) for row in range(13)])
+    assert torch.equal(together, alone) and not layer.fallbacks
+    assert_close_to_reference(together, x, layer.weight, label="batch-invariant layer, 13 rows")
+
+
 def test_moving_and_replacing_the_weight_reprepare():
     layer = ProjectionLinear(torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16), batches=(4,))
     x = torch.randn(4, 1024, device="cuda", dtype=torch.bfloat16)
@@ -56,6 +68,8 @@ def test_torch_compile_fullgraph_runs_the_kernel():
     eager = model(x)
     compiled = torch.compile(model, fullgraph=True)
     torch.testing.assert_close(compiled(x), eager)
+    # Compiled and eager agree, and eager is right (the bias-free layer against float64).
+    assert_close_to_reference(model.up(x), x, model.up.weight, label="up")
     assert not model.up.fallbacks and not model.down.fallbacks
 
 
