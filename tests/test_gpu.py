@@ -6,6 +6,7 @@ import torch
 from decode_projection import PreparedProjection, SplitKTactic
 from decode_projection.checks import assert_close_to_reference
 
+from .guarded_output import run_guarded
 from .tactic_grid import GRID, tactic_id
 
 pytestmark = pytest.mark.gpu
@@ -16,19 +17,6 @@ DTYPES = [
     (torch.bfloat16, torch.float32),
     (torch.float16, torch.bfloat16),
 ]
-
-
-def run_guarded(projection, x, n, out_dtype, *, first_column=8, spare_columns=24):
-    """Run into a NaN-poisoned row-slice of a wider buffer; check the guard stayed untouched."""
-    batch = x.shape[0]
-    buffer = torch.full((batch + 2, n + spare_columns), float("nan"), dtype=out_dtype, device=x.device)
-    out = buffer[1 : batch + 1, first_column : first_column + n]
-    projection.run(x, out)
-    torch.cuda.synchronize()
-    guard = buffer.clone()
-    guard[1 : batch + 1, first_column : first_column + n] = float("nan")
-    assert torch.isnan(guard).all(), "the kernel wrote outside its output"
-    return out
 
 
 @pytest.mark.parametrize("tactic", GRID, ids=tactic_id)
@@ -180,7 +168,7 @@ def test_chained_launches_read_what_the_previous_one_wrote(tactic):
                     torch.cuda.synchronize()
         return x
 
-    hidden = torch.empty(batch, 2048, device="cuda", dtype=torch.bfloat16)
+    hidden = torch.full((batch, 2048), float("nan"), device="cuda", dtype=torch.bfloat16)
     assert_close_to_reference(up_projection.run(start, hidden), start, up, label=f"{tactic} first link")
     expected = chain(start.clone(), hidden, one_at_a_time=True).clone()
     assert torch.isfinite(expected).all() and expected.abs().max() > 0.1
@@ -197,14 +185,23 @@ def test_chained_launches_read_what_the_previous_one_wrote(tactic):
 
 
 def test_runs_on_current_stream_without_sync():
+    """Behind a busy side stream, run reads what that stream wrote before it and returns before it is done."""
     weight = torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(4, 2048, device="cuda", dtype=torch.bfloat16)
+    fresh = torch.randn(4, 2048, device="cuda", dtype=torch.bfloat16)
     projection = PreparedProjection(weight, {4: SplitKTactic(64, 8, 2, 4)}).prepare()
+    projection.run(fresh, torch.empty(4, 1024, device="cuda", dtype=torch.bfloat16))  # loads the module first
+    x = torch.full_like(fresh, float("nan"))  # stays NaN until the side stream writes it
+    out = torch.full((4, 1024), float("nan"), device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
-        out = projection.run(x, torch.empty(4, 1024, device="cuda", dtype=torch.bfloat16))
+        torch.cuda._sleep(50_000_000)  # some 30 ms of spinning on the side stream
+        x.copy_(fresh)
+        projection.run(x, out)
+        returned_early = not side.query()
     side.synchronize()
-    assert_close_to_reference(out, x, weight, label="side stream")
+    assert returned_early, "run waited for its stream"
+    assert_close_to_reference(out, fresh, weight, label="side stream")
 
 
 def test_rejects_bad_inputs_on_gpu():
