@@ -12,6 +12,7 @@ from .tactic import K_BOXES
 from .workload import DECODE_BATCHES, KIMI_K3_SHAPES
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+LARGEST_BATCH = max(DECODE_BATCHES)  # the CLI works on padded decode batches; the API takes any
 
 
 def shape(text):
@@ -51,8 +52,8 @@ def batch_list(text):
         batches = [int(part) for part in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"batches must look like 1,2,4, got {text!r}") from None
-    if any(b < 1 for b in batches):
-        raise argparse.ArgumentTypeError("batches must be positive")
+    if not all(1 <= b <= LARGEST_BATCH for b in batches):
+        raise argparse.ArgumentTypeError(f"batches must be 1..{LARGEST_BATCH} (padded decode batches), got {text!r}")
     return batches
 
 
@@ -241,6 +242,13 @@ def main(argv=None):
         parser.error("--update re-tunes some cells of a free table; a batch-invariant order needs every batch")
     if args.command == "tune" and args.update and not Path(args.out).is_file():
         parser.error(f"--update keeps the cells of --out, and there is no table at {args.out}")
+    if args.command == "tune" and args.update:
+        from .tables import read_entries
+
+        try:
+            read_entries(args.out)
+        except (OSError, ValueError) as error:
+            parser.error(f"--update keeps the cells of --out, which is not a table: {error}")
     # Output paths are written after the run: refuse those that cannot be before it starts.
     for option in ("csv", "json", "plot", "out", "batch_invariant_out", "timings"):
         path = getattr(args, option, None)

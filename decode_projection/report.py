@@ -82,8 +82,11 @@ def read_document(path):
 def load_json(path):
     """``(cells, meta)`` of a run saved with ``write_json``, to re-render its tables and plot."""
     document = read_document(path)
+    rows = document.get("cells") if isinstance(document, dict) else None
+    if not rows or not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+        raise ValueError(f"{path}: not a saved benchmark run (it needs a non-empty list of cells)")
     fields = set(Cell.__dataclass_fields__)
-    cells = [Cell(**{key: value for key, value in row.items() if key in fields}) for row in document["cells"]]
+    cells = [Cell(**{key: value for key, value in row.items() if key in fields}) for row in rows]
     return [replace(c, tactic=tuple(c.tactic)) for c in cells], document["meta"]
 
 

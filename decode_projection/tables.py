@@ -49,8 +49,11 @@ def key_of(entry: dict) -> TableKey:
 def read_entries(path) -> list[dict]:
     """The entries of one JSON table file as written, after its format check."""
     document = json.loads(Path(path).read_text())
-    if document.get("format") != FORMAT:
-        raise ValueError(f"{path}: table format {document.get('format')!r}, expected {FORMAT}")
+    if not isinstance(document, dict) or document.get("format") != FORMAT:
+        found = document.get("format") if isinstance(document, dict) else type(document).__name__
+        raise ValueError(f"{path}: table format {found!r}, expected {FORMAT}")
+    if not isinstance(document.get("entries"), list):
+        raise ValueError(f"{path}: a table of format {FORMAT} without a list of entries")
     return document["entries"]
 
 

@@ -35,6 +35,7 @@ def test_tune_without_gpu_says_so(no_gpu, capsys, tmp_path):
     ["tune", "--out", "missing-table.json", "--update"],
     ["bench", "--batches", "1,x"],
     ["bench", "--batches", "0"],
+    ["bench", "--batches", "1,99999999999"],
     ["bench", "--policies", "fastest"],
     ["bench", "--launch", "pdl"],
     ["bench", "--dtype", "fp8"],
@@ -110,6 +111,16 @@ def test_markdown_of_a_saved_run_has_a_table_per_policy(capsys, tmp_path):
 
 def test_an_unreadable_saved_run_is_an_error_not_a_traceback(capsys, tmp_path):
     assert main(["bench", "--from-json", str(tmp_path / "missing.json")]) == 2
-    (tmp_path / "empty.json").write_text("{}")
-    assert main(["bench", "--from-json", str(tmp_path / "empty.json")]) == 2
-    assert "cannot read a saved run" in capsys.readouterr().err
+    for name, text in [("empty", "{}"), ("no-cells", '{"meta": {}, "cells": []}'), ("numbers", '{"cells": [1]}'),
+                       ("list", "[1]"), ("unknown-cell", '{"meta": {}, "cells": [{"n": 1}]}')]:
+        (tmp_path / f"{name}.json").write_text(text)
+        assert main(["bench", "--from-json", str(tmp_path / f"{name}.json"), "--csv", str(tmp_path / "c.csv")]) == 2
+        assert "cannot read a saved run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text", ["not json", "[1]", '{"format": 1}', '{"format": 1, "entries": {}}'])
+def test_tune_update_refuses_an_out_that_is_not_a_table(text, no_gpu, tmp_path, capsys):
+    (tmp_path / "t.json").write_text(text)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["tune", "--out", str(tmp_path / "t.json"), "--update"])
+    assert exit_info.value.code == 2 and "which is not a table" in capsys.readouterr().err
