@@ -30,6 +30,7 @@ class StreamRead:
 
     @cute.jit
     def __call__(self, data: cute.Tensor, ctas: cutlass.Int32, stream):
+        """Launch ``ctas`` one-warp CTAs, each reading its slice of ``data``."""
         @cute.struct
         class SharedStorage:
             barriers: cute.struct.MemRange[cutlass.Int64, STAGES]
@@ -40,6 +41,7 @@ class StreamRead:
 
     @cute.kernel
     def kernel(self, data: cute.Tensor):
+        """Pull this CTA's chunks through a ring of bulk copies into shared memory, and discard them."""
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
         barriers = storage.barriers.data_ptr()
         total = data.shape[0]

@@ -163,6 +163,7 @@ class ProjectionLinear(nn.Module):
             self.prepare()
 
     def forward(self, x):
+        """``x @ W^T (+ b)`` by the prepared kernel where it can take ``x``, else ``F.linear`` (counted)."""
         if self.prepared is None or x.device != self.weight.device or x.dtype != self.weight.dtype:
             self.fallbacks["unsupported device or dtype"] += 1
             return F.linear(x, self.weight, self.bias).to(self.output_dtype)
@@ -170,5 +171,6 @@ class ProjectionLinear(nn.Module):
         return out if self.bias is None else out + self.bias
 
     def extra_repr(self):
+        """Shape, prepared batches and bias, for ``repr``."""
         n, k = self.weight.shape
         return f"in_features={k}, out_features={n}, batches={self.batches}, bias={self.bias is not None}"

@@ -22,7 +22,7 @@ Getting the cubin (CuTe DSL 4.8.1):
   say): the compiled host module embeds the device code as a fatbinary in an
   ``llvm.mlir.global``; we take the uncompressed ELF image out of it.
 
-Registers, local-memory frame and stack come from the cubin's ``.nv.info``
+Registers and the local-memory frame come from the cubin's ``.nv.info``
 attributes (what ``cuobjdump --dump-resource-usage`` reports), static shared
 memory from the size of ``.nv.shared.<kernel>``. CuTe DSL kernels take their
 shared memory dynamically at launch; the static part is 0 or, when the dynamic
@@ -50,7 +50,6 @@ _FATBIN_ELF_ENTRY = 2  # fatbinary entry kinds: 1 = PTX, 2 = ELF (cubin)
 # 16-bit size and that many bytes (format 0x04) or a 16-bit inline value.
 _NVINFO_SIZED = 0x04
 _EIATTR_FRAME_SIZE = 0x11  # per-thread local-memory frame, spills included
-_EIATTR_MIN_STACK_SIZE = 0x12
 _EIATTR_REGCOUNT = 0x2F
 
 _STO_CUDA_ENTRY = 0x10  # st_other bit marking a kernel entry point
@@ -72,7 +71,6 @@ class KernelReport:
     registers: int  # per thread
     static_shared_bytes: int  # excludes the dynamic shared memory set at launch
     local_bytes: int  # per-thread local-memory frame (where spills go)
-    stack_bytes: int  # per-thread minimum call stack
     hgmma: int  # wgmma instructions
     warpgroup_arrives: int  # WARPGROUP.ARRIVE: one per batch of wgmmas issued together
     utmaldg: int  # TMA tensor loads
@@ -308,7 +306,6 @@ def cubin_report(cubin: bytes, kernel: str | None = None) -> KernelReport:
         registers=registers,
         static_shared_bytes=shared.size if shared else 0,
         local_bytes=info.get(_EIATTR_FRAME_SIZE, {}).get(symbol, 0),
-        stack_bytes=info.get(_EIATTR_MIN_STACK_SIZE, {}).get(symbol, 0),
         hgmma=counts["HGMMA"],
         warpgroup_arrives=sass.count("WARPGROUP.ARRIVE"),
         utmaldg=counts["UTMALDG"],

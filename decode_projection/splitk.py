@@ -131,6 +131,7 @@ class SplitKGemm:
         weight_map: cutlass.Int64,
         stream,
     ):
+        """Build the MMA, TMA atoms and shared layouts for this tactic and launch the grid of clusters on ``stream``."""
         t = self.tactic
         operand = weight.element_type
         if cutlass.const_expr(activations.element_type != operand):
@@ -200,6 +201,8 @@ class SplitKGemm:
         out: cute.Tensor,
         weight_map: cutlass.Int64,
     ):
+        """One CTA: a producer warp streams weight and activation stages by TMA, consumer warpgroups run wgmma on
+        them, then the CTA stores its tile or its split rank's share of the reduced sums."""
         t = self.tactic
         tidx, _, _ = cute.arch.thread_idx()
         bidx, m_tile, _ = cute.arch.block_idx()

@@ -37,12 +37,12 @@ HAVE_DRIVER = _driver_loadable()
 
 BF16 = driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
 SW128 = driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B
-L2_256 = driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+L2_128 = driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B  # as weight_map
 
 
 def weight_spec(address=1 << 20, n=2112, k=7168, rows=64):
     """The spec the projection builds for a BF16 weight [n, k]: box {64, rows}, SW128."""
-    return (address, BF16, (k, n), (k * 2,), (64, rows), SW128, L2_256)
+    return (address, BF16, (k, n), (k * 2,), (64, rows), SW128, L2_128)
 
 
 # ---------------------------------------------------------------- architecture

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.gpu
 
 BF16 = driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
 SW128 = driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B
-L2_256 = driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+L2_128 = driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B  # as weight_map
 
 
 def test_architecture_of_this_gpu():
@@ -32,7 +32,7 @@ def test_tensor_maps_are_aligned_and_hold_the_encoded_bytes():
     weight = torch.randn(300, 520, device="cuda").to(torch.bfloat16)
     pitch = weight.stride(0) * weight.element_size()
     specs = [
-        (weight.data_ptr(), BF16, (520, 300), (pitch,), (64, rows), SW128, L2_256)
+        (weight.data_ptr(), BF16, (520, 300), (pitch,), (64, rows), SW128, L2_128)
         for rows in (64, 128)
     ]
     maps = runtime.tensor_maps(specs, weight.device)
@@ -53,7 +53,7 @@ SPEC = (
     "from decode_projection import runtime\n"
     "spec = (1 << 20, d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, (7168, 2112), (14336,),\n"
     "        (64, 64), d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,\n"
-    "        d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B)\n"
+    "        d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B)\n"
 )
 
 
