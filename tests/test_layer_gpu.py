@@ -62,6 +62,19 @@ def test_moving_and_replacing_the_weight_reprepare():
     assert layer.fallbacks["unsupported device or dtype"] == 1
 
 
+def test_a_weight_replaced_through_data_is_prepared_again_but_not_while_capturing():
+    layer = ProjectionLinear(torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16), batches=(4,))
+    x = torch.randn(4, 1024, device="cuda", dtype=torch.bfloat16)
+    layer.weight.data = torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16)
+    assert_close_to_reference(layer(x), x, layer.weight, label="weight replaced through .data")
+    assert not layer.fallbacks
+    layer.weight.data = torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(ValueError, match="call prepare\\(\\) before capturing"):
+        with torch.cuda.graph(graph):
+            layer(x)
+
+
 def test_torch_compile_fullgraph_runs_the_kernel():
     model = TwoLayers()
     x = torch.randn(4, 1536, device="cuda", dtype=torch.bfloat16)

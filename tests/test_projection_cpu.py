@@ -96,6 +96,10 @@ def test_run_rejects_bad_arguments(prepared):
         ("x", out, TypeError, "torch.Tensor"),
         (x, x[:, :256], ValueError, "overlaps"),
         (torch.randn(1, 512, dtype=torch.bfloat16).expand(4, 512), out, ValueError, "input rows overlap"),
+        (torch.randn(4, 516, dtype=torch.bfloat16)[:, :512], out, ValueError, "16 B aligned base and row pitch"),
+        (x, torch.empty(1, 256, dtype=torch.bfloat16).expand(4, 256), ValueError, "output rows overlap"),
+        (x, prepared.weight[:4, :256], ValueError, "overlaps its input or weight"),
+        (x, torch._neg_view(out), ValueError, "output is a negated view"),
     ]
     for bad_x, bad_out, error, message in cases:
         with pytest.raises(error, match=message):
@@ -374,6 +378,7 @@ def test_where_a_launch_lets_the_next_one_in():
 SHIPPED = sorted({t for batches in shipped_tables().values() for t in batches.values()} - set(GRID), key=tactic_id)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tactic", GRID + SHIPPED, ids=tactic_id)
 def test_every_tactic_compiles_to_wgmma_and_tma_without_spills(tactic):
     report = kernel_report(compile_projection(tactic, torch.bfloat16, "sm_90a"))
@@ -382,9 +387,9 @@ def test_every_tactic_compiles_to_wgmma_and_tma_without_spills(tactic):
     assert report.utmaldg > 0, "no TMA loads in the SASS"
     assert report.spills == 0 and report.local_bytes == 0, f"{report.spills} spill instructions"
     assert not report.wgmma_serialized, "ptxas serialized the wgmmas (C7514)"
-    assert report.registers <= 255
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tactic", [t for t in GRID + SHIPPED if t.reallocates_registers], ids=tactic_id)
 def test_register_handover_stays_within_what_the_cta_holds(tactic):
     """setmaxnreg.inc waits for registers the CTA holds: asking past them hangs the launch (performance.md, v32)."""
