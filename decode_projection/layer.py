@@ -133,6 +133,9 @@ class ProjectionLinear(nn.Module):
 
     def prepare(self):
         """(Re)build the prepared projection for the weight as it is now; CPU or unsupported: none."""
+        if self.prepared is not None:
+            # Launches on any stream may still read the old projection's descriptors, freed with it.
+            torch.cuda.synchronize(self.prepared.device)
         self.prepared, self.unsupported = None, None
         weight = self.weight
         if weight.device.type != "cuda" or weight.dtype not in WEIGHT_DTYPES:

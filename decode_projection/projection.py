@@ -316,6 +316,9 @@ class PreparedProjection:
             raise ValueError(f"projection input rows overlap: {_describe(x)}")
         if batch >= 2**31:
             raise ValueError(f"projection batch must be below 2^31, got {_describe(x)}")
+        if out.requires_grad and torch.is_grad_enabled():
+            raise ValueError("projection output requires grad: the kernel writes it outside autograd "
+                             "(pass one that does not, or run under torch.no_grad())")
         if out.dtype != self.output_dtype:
             raise ValueError(f"projection output dtype {out.dtype} != {self.output_dtype}")
         if tuple(out.shape) != (batch, n):

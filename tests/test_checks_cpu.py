@@ -31,3 +31,32 @@ def test_16_bit_outputs_are_held_to_torch_matmul():
     nan[2, 3] = float("nan")
     with pytest.raises(AssertionError, match=r"out\[2, 3\]"):
         reference.check(nan)
+
+
+def truncating_tensor_core_product(x, weight, split=1):
+    """A CPU model of wgmma's FP32 accumulation: 16 exact products at a time, the accumulator truncated toward zero
+    after each step; split-K partials added in FP32 as the reduction does."""
+    k = x.shape[1]
+    segment = -(-k // split)
+    total = None
+    for start in range(0, k, segment):
+        acc = torch.zeros(x.shape[0], weight.shape[0], dtype=torch.float64)
+        for step in range(start, min(k, start + segment), 16):
+            exact = acc + x[:, step : step + 16].double() @ weight[:, step : step + 16].double().T
+            rounded = exact.float()
+            # Round to nearest overshoots in magnitude half the time: step back toward zero there.
+            overshoot = rounded.double().abs() > exact.abs()
+            acc = torch.where(overshoot, torch.nextafter(rounded, torch.zeros_like(rounded)), rounded).double()
+        total = acc.float() if total is None else total + acc.float()
+    return total
+
+
+@pytest.mark.parametrize("k, split", [(2048, 1), (7168, 1), (7168, 4), (14336, 1)])
+def test_a_truncating_fp32_accumulation_passes(k, split):
+    """What an honest tensor-core kernel makes must pass, however long its K and however it is split."""
+    generator = torch.Generator().manual_seed(k + split)
+    x = torch.randn(4, k, generator=generator).bfloat16()
+    weight = torch.randn(96, k, generator=generator).bfloat16()
+    reference = Reference(x, weight, torch.float32)
+    ours = truncating_tensor_core_product(x, weight, split)
+    assert reference.check(ours) > 2 * reference.torch_error  # the allowance, not PyTorch's error, lets it pass

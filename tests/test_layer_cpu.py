@@ -123,3 +123,27 @@ def test_batch_invariant_rows_run_in_the_batches_held():
         run_in_held_batches(prepared, x, out)
         assert prepared.launched == launched
         torch.testing.assert_close(out, x @ weight.T, rtol=0, atol=0)
+
+
+def test_a_reprepare_waits_for_the_device_before_dropping_the_old_projection(monkeypatch):
+    from decode_projection import layer as layer_module
+    from decode_projection.gpu import H200
+
+    events = []
+
+    class Prepared(layer_module.PreparedProjection):
+        def prepare(self):
+            events.append("prepared")
+            return self
+
+    monkeypatch.setattr(layer_module, "architecture", lambda device: "sm_90a")
+    monkeypatch.setattr(layer_module, "gpu_spec", lambda device: H200)
+    monkeypatch.setattr(layer_module, "PreparedProjection", Prepared)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append("synchronized"))
+    layer = ProjectionLinear(torch.randn(48, 64, dtype=torch.bfloat16))
+    monkeypatch.setattr(torch.Tensor, "device", property(lambda self: torch.device("cuda", 0)), raising=False)
+    layer.prepare()
+    layer.prepare()
+    monkeypatch.undo()
+    # Launches on another stream may still read the first projection's descriptors when the second replaces it.
+    assert events == ["prepared", "synchronized", "prepared"]

@@ -100,6 +100,7 @@ def test_run_rejects_bad_arguments(prepared):
         (x, torch.empty(1, 256, dtype=torch.bfloat16).expand(4, 256), ValueError, "output rows overlap"),
         (x, prepared.weight[:4, :256], ValueError, "overlaps its input or weight"),
         (x, torch._neg_view(out), ValueError, "output is a negated view"),
+        (x, out.clone().requires_grad_(), ValueError, "output requires grad"),
     ]
     for bad_x, bad_out, error, message in cases:
         with pytest.raises(error, match=message):
@@ -130,9 +131,9 @@ def test_tensors_that_require_grad_are_taken_as_they_are(monkeypatch):
     weight = torch.randn(256, 512, dtype=torch.bfloat16, requires_grad=True)  # an nn.Linear's weight
     prepared = PreparedProjection(weight, {4: TACTIC}).prepare()
     x = torch.randn(4, 512, dtype=torch.bfloat16, requires_grad=True)
-    for tensor in (x, torch.empty(4, 256, dtype=torch.bfloat16, requires_grad=True)):
-        assert projection.matrix_view(tensor, output=tensor.shape[1] == 256) is not None
-    assert prepared.weight_view is not None
+    assert projection.matrix_view(x) is not None and prepared.weight_view is not None
+    with torch.no_grad():  # where writing into a tensor that requires grad is allowed
+        assert projection.matrix_view(torch.empty(4, 256, dtype=torch.bfloat16, requires_grad=True), output=True)
 
 
 def test_overlap_is_exact_for_equally_pitched_rows():
