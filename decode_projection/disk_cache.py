@@ -10,10 +10,14 @@ The key covers every input of code generation: the tactic, the dtypes, the
 architecture, the CuTe DSL version and a fingerprint of our kernel and compile
 sources; change any of them and the old file is simply never looked up again.
 Two processes starting together serialize on a per-key file lock, and files
-appear by atomic rename, so nobody loads half a file.
+appear by atomic rename, so nobody loads half a file. A file's name carries the
+hash of its bytes, checked before loading, so a damaged file is never run; any
+file that cannot be read, checked, loaded or written is a miss, compiled in
+memory: the cache can make a start slower, never wrong and never failing.
 
 Environment: ``DECODE_PROJECTION_CACHE_DIR`` sets the directory (default
-``~/.cache/decode_projection``); ``DECODE_PROJECTION_DISK_CACHE=0`` disables it.
+``~/.cache/decode_projection``); ``DECODE_PROJECTION_DISK_CACHE=0`` (or ``off``,
+``false``, ``no``) disables it.
 """
 
 import ctypes
@@ -21,6 +25,7 @@ import fcntl
 import hashlib
 import os
 import tempfile
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 
@@ -30,15 +35,21 @@ from cutlass.runtime import find_runtime_libraries
 
 # The sources whose text decides the generated code.
 CODEGEN_SOURCES = ("splitk.py", "tactic.py", "projection.py")
-FORMAT = "1"
+FORMAT = "2"  # 2: file names carry the hash of their bytes
+DISABLED = ("0", "off", "false", "no")
 
 
 def cache_dir():
     """The cache directory, or None when the disk cache is disabled."""
-    if os.environ.get("DECODE_PROJECTION_DISK_CACHE", "1") == "0":
+    if os.environ.get("DECODE_PROJECTION_DISK_CACHE", "1").strip().lower() in DISABLED:
         return None
-    root = os.environ.get("DECODE_PROJECTION_CACHE_DIR") or Path.home() / ".cache" / "decode_projection"
-    return Path(root)
+    root = os.environ.get("DECODE_PROJECTION_CACHE_DIR")
+    if root:
+        return Path(root)
+    try:
+        return Path.home() / ".cache" / "decode_projection"
+    except RuntimeError:  # no HOME and no passwd entry (an arbitrary container uid): no default place
+        return None
 
 
 @cache
@@ -82,24 +93,68 @@ def _load(path, prefix):
     return loaded
 
 
+def _stored_name(key, blob):
+    """The file name of ``blob`` stored under ``key``: the key, then a hash of the bytes."""
+    return f"{key}-{hashlib.sha256(blob).hexdigest()[:16]}.o"
+
+
+def _load_stored(directory, key, prefix):
+    """The kernel stored under ``key`` whose bytes match its name, else None (a damaged file is removed)."""
+    try:
+        stored = sorted(directory.glob(f"{key}-*.o"))
+    except OSError:
+        return None
+    for path in stored:
+        try:
+            if path.name == _stored_name(key, path.read_bytes()):
+                return _load(path, prefix)
+        except Exception:  # unreadable, or not an object file of ours: a miss
+            pass
+        try:
+            path.unlink()
+        except OSError:
+            pass
+    return None
+
+
 def _save(directory, path, blob):
-    """Write ``blob`` to ``path`` atomically: a complete file or none."""
+    """Write ``blob`` to ``path`` atomically, readable as a plainly created file would be: a complete file or none."""
     handle, temporary = tempfile.mkstemp(dir=directory, suffix=".tmp")
     try:
         with os.fdopen(handle, "wb") as file:
             file.write(blob)
             file.flush()
             os.fsync(file.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)  # mkstemp makes 0600: other users sharing the cache could not read it
         os.replace(temporary, path)
     finally:
         if os.path.exists(temporary):
             os.remove(temporary)
 
 
+@contextmanager
+def _key_lock(directory, key):
+    """Hold the per-key file lock where the directory allows one; yield whether it does."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        lock = open(directory / f"{key}.lock", "w")
+    except OSError:
+        yield False
+        return
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError:  # a file system without locks: atomic renames still keep files whole
+            pass
+        yield True
+
+
 def cached_compile(compile_fn, *codegen_inputs):
     """``compile_fn()``'s kernel, from the disk cache when present, else compiled and saved.
 
-    A cache that cannot be written (read-only, full) degrades to compiling in
+    A cache that cannot be written (read-only, full, shared) degrades to compiling in
     memory; a damaged file is replaced.
     """
     directory = cache_dir()
@@ -107,23 +162,18 @@ def cached_compile(compile_fn, *codegen_inputs):
         return compile_fn()
     key = cache_key(*codegen_inputs)
     prefix = f"decode_projection_{key}"
-    path = directory / f"{key}.o"
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        lock = open(directory / f"{key}.lock", "w")
-    except OSError:
-        return _load(path, prefix) if path.exists() else compile_fn()
-    with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if path.exists():
-            try:
-                return _load(path, prefix)
-            except Exception:  # a truncated or foreign file: compile again below
-                path.unlink()
+    with _key_lock(directory, key) as writable:
+        loaded = _load_stored(directory, key, prefix)
+        if loaded is not None:
+            return loaded
         _load_runtime()
         compiled = compile_fn()
-        try:
-            _save(directory, path, compiled.dump_to_object(prefix))
-        except OSError:
+        if not writable:
             return compiled
-        return _load(path, prefix)
+        blob = compiled.dump_to_object(prefix)
+        path = directory / _stored_name(key, blob)
+        try:
+            _save(directory, path, blob)
+            return _load(path, prefix)
+        except Exception:  # full, read-only or shared: the kernel compiled here still runs
+            return compiled

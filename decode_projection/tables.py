@@ -48,7 +48,10 @@ def key_of(entry: dict) -> TableKey:
 
 def read_entries(path) -> list[dict]:
     """The entries of one JSON table file as written, after its format check."""
-    document = json.loads(Path(path).read_text())
+    try:
+        document = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not a JSON table: {error}") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         found = document.get("format") if isinstance(document, dict) else type(document).__name__
         raise ValueError(f"{path}: table format {found!r}, expected {FORMAT}")
@@ -63,9 +66,12 @@ def load_table(path) -> dict:
     for entry in read_entries(path):
         try:
             tactic = as_tactic(tuple(entry["tactic"]))
-        except ValueError as error:
-            raise ValueError(f"{path}: entry {entry} is no longer valid: {error}") from error
-        table.setdefault(key_of(entry), {})[entry["batch"]] = tactic
+            key, batch = key_of(entry), entry["batch"]
+        except (ValueError, TypeError, KeyError) as error:
+            raise ValueError(f"{path}: entry {entry} is no longer valid: {error!r}") from error
+        if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+            raise ValueError(f"{path}: entry {entry} has batch {batch!r}, not a positive int")
+        table.setdefault(key, {})[batch] = tactic
     check_invariant(table, path)
     return table
 
@@ -130,4 +136,8 @@ def write_table(path, entries, *, dsl_version: str, measured: str) -> None:
         "measured": measured,
         "entries": sorted(entries, key=lambda e: (e["n"], e["k"], e["batch_invariant"], e["batch"])),
     }
-    Path(path).write_text(json.dumps(document, indent=1) + "\n")
+    # Through a temporary file and a rename: a tune killed mid-write keeps the table it had.
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(json.dumps(document, indent=1) + "\n")
+    temporary.replace(path)

@@ -124,3 +124,55 @@ def test_parallel_warmup_hands_every_kernel_over_through_the_cache(cache_dir, mo
     assert warmup.compile_all(jobs + jobs[:1], workers=2, progress=False) == 2
     assert len(list(cache_dir.glob("*.o"))) == 2
     assert all(kernel_report(compile_projection(*job)).hgmma > 0 for job in jobs)
+
+
+def test_a_flipped_byte_is_never_loaded(cache_dir):
+    cold = kernel_report(compile_projection(TACTIC, torch.bfloat16, "sm_90a")).sass
+    (stored,) = cache_dir.glob("*.o")
+    damaged = bytearray(stored.read_bytes())
+    damaged[6000] ^= 0x40  # inside the kernel's code: it would still load, as other code
+    stored.write_bytes(bytes(damaged))
+    compile_projection.cache_clear()
+    assert kernel_report(compile_projection(TACTIC, torch.bfloat16, "sm_90a")).sass == cold
+    (replaced,) = cache_dir.glob("*.o")
+    assert replaced.read_bytes() != bytes(damaged)
+
+
+def test_a_damaged_file_where_no_lock_can_be_taken_is_compiled_in_memory(cache_dir):
+    compile_projection(TACTIC, torch.bfloat16, "sm_90a")
+    (stored,) = cache_dir.glob("*.o")
+    stored.write_bytes(stored.read_bytes()[:1000])
+    (lock,) = cache_dir.glob("*.lock")
+    lock.unlink()
+    lock.mkdir()  # opening the lock now fails, as in a read-only or another user's cache
+    compile_projection.cache_clear()
+    assert kernel_report(compile_projection(TACTIC, torch.bfloat16, "sm_90a")).utmaldg > 0
+
+
+def test_saved_files_are_readable_by_whoever_shares_the_cache(cache_dir):
+    import os
+
+    umask = os.umask(0o022)
+    try:
+        compile_projection(TACTIC, torch.bfloat16, "sm_90a")
+    finally:
+        os.umask(umask)
+    (stored,) = cache_dir.glob("*.o")
+    assert stored.stat().st_mode & 0o777 == 0o644
+
+
+def test_where_the_cache_lives(monkeypatch, tmp_path):
+    monkeypatch.setenv("DECODE_PROJECTION_CACHE_DIR", str(tmp_path))
+    assert disk_cache.cache_dir() == tmp_path
+    for off in ("0", "off", "False", "no"):
+        monkeypatch.setenv("DECODE_PROJECTION_DISK_CACHE", off)
+        assert disk_cache.cache_dir() is None
+    monkeypatch.delenv("DECODE_PROJECTION_DISK_CACHE")
+    monkeypatch.delenv("DECODE_PROJECTION_CACHE_DIR")
+
+    def homeless():
+        raise RuntimeError("Could not determine home directory.")
+
+    # No HOME and a uid without a passwd entry, as in many containers: no default place, so no disk cache.
+    monkeypatch.setattr(disk_cache.Path, "home", staticmethod(homeless))
+    assert disk_cache.cache_dir() is None

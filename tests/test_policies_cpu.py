@@ -149,6 +149,30 @@ def test_stale_table_entry_fails_loudly(tmp_path):
     path.write_text(json.dumps({"format": 99, "entries": []}))
     with pytest.raises(ValueError, match="format"):
         tables.load_table(path)
+    # Whatever is wrong, the message names the file.
+    malformed = [{**entry(1, (64, 8, 2, 4)), "batch": "1"}, {"batch": 1, "tactic": [64, 8, 2, 4]},
+                 {**entry(1, (64, 8, 2, 4)), "tactic": [64, "eight"]}]
+    for bad in malformed:
+        path.write_text(json.dumps({"format": 1, "entries": [bad]}))
+        with pytest.raises(ValueError, match="bad.json: entry"):
+            tables.load_table(path)
+    path.write_text('{"format": 1, "entries": [')
+    with pytest.raises(ValueError, match="bad.json: not a JSON table"):
+        tables.load_table(path)
+
+
+def test_a_table_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    path = tmp_path / "table.json"
+    tables.write_table(path, [entry(1, (64, 8, 2, 4))], dsl_version="4.8.1", measured="2026-12-05")
+    before = path.read_text()
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tables.Path, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        tables.write_table(path, [entry(8, (64, 8, 2, 4))], dsl_version="4.8.1", measured="2026-12-05")
+    assert path.read_text() == before
 
 
 def test_shipped_tables_load():
