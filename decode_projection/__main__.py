@@ -120,9 +120,10 @@ def bench(args):
 
     from .clocks import ClockLog
 
-    with ClockLog(torch.cuda.current_device()) as clocks:
-        cells = run_benchmark(args.shape, args.batches, kinds, weight_dtype=weight_dtype, output_dtype=output_dtype,
-                              isolated=args.isolated, programmatic_launches=[LAUNCHES[name] for name in launches])
+    clocks = ClockLog(torch.cuda.current_device())
+    cells = run_benchmark(args.shape, args.batches, kinds, weight_dtype=weight_dtype, output_dtype=output_dtype,
+                          isolated=args.isolated, programmatic_launches=[LAUNCHES[name] for name in launches],
+                          clocks=clocks)
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     meta = {
         "gpu": props.name, "sm_count": props.multi_processor_count, "torch": torch.__version__,

@@ -8,6 +8,7 @@ the read-only kernel of ``ceiling.py`` over the same weight bytes, so "fraction
 of ceiling" is what this GPU actually reaches, not a datasheet figure.
 """
 
+import contextlib
 from dataclasses import asdict, dataclass
 
 import torch
@@ -139,15 +140,15 @@ def runner(projections, x, outs):
 
 
 def run_benchmark(shapes, batches, kinds, *, weight_dtype, output_dtype, isolated=False,
-                  programmatic_launches=(True,)):
+                  programmatic_launches=(True,), clocks=None):
     """Time every cell of every policy kind and launch kind; returns the cells. Every kernel is compiled
-    first, in parallel."""
+    first, in parallel; ``clocks`` (a ClockLog) samples the GPU while the cells are timed, not while compiling."""
     device = torch.device("cuda", torch.cuda.current_device())
     compile_all(kernel_jobs(shapes, batches, kinds, device, architecture(device), weight_dtype, output_dtype,
                             programmatic_launches))
     cells = []
     total = len(shapes) * len(batches) * len(kinds) * len(programmatic_launches)
-    with tqdm(total=total, desc="bench", unit="cell") as progress:
+    with clocks or contextlib.nullcontext(), tqdm(total=total, desc="bench", unit="cell") as progress:
         for n, k in shapes:
             cells += bench_shape(n, k, batches, kinds, weight_dtype=weight_dtype, output_dtype=output_dtype,
                                  progress=progress, isolated=isolated, programmatic_launches=programmatic_launches)

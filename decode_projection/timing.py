@@ -20,9 +20,16 @@ def cold_copies(weight_bytes: int, device=None) -> int:
     return max(2, math.ceil(3 * l2 / weight_bytes) + 1)
 
 
+def whole_rotations(copies: int) -> int:
+    """Launches per timed graph: at least 40 and two rotations of the copies, in whole rotations."""
+    # A replay that ended partway through a rotation would start the next replay on copies read a few launches
+    # before, still in L2 (7168 x 768 rotates 19 copies, which 40 launches would cut at 2).
+    return copies * math.ceil(max(2 * copies, 40) / copies)
+
+
 def _captured(launch, copies: int):
     """(graph, launches): ``launch(i)`` captured rotating ``copies``, warmed up and replayed once."""
-    launches = max(2 * copies, 40)
+    launches = whole_rotations(copies)
     for i in range(copies):
         launch(i)  # warm-up outside the graph: module load, descriptors, handles
     torch.cuda.synchronize()
