@@ -19,7 +19,7 @@ from collections import defaultdict
 
 from decode_projection.report import read_document
 from decode_projection.tactic import SplitKTactic
-from decode_projection.tables import load_table
+from decode_projection.tables import load_table, write_table
 
 
 def bench_scores(back_to_back, isolated, policy, table):
@@ -73,17 +73,18 @@ def main():
     for run in ("a", "b"):
         with open(getattr(args, f"table_{run}")) as f:
             tables.append(json.load(f))
-    modes = {entry["batch_invariant"] for table in tables for entry in table["entries"]}
-    if len(modes) != 1:
-        raise SystemExit(f"both tables must hold entries of one mode (batch-invariant or not), found {modes or 'none'}")
-    invariant = modes.pop()
+    # Cells are matched by shape and batch: every entry must share one GPU, its dtypes and one mode.
+    contexts = {(e["gpu"], e["sm_count"], e["weight_dtype"], e["output_dtype"], e["batch_invariant"])
+                for table in tables for e in table["entries"]}
+    if len(contexts) != 1:
+        raise SystemExit("both tables must hold entries of one GPU, dtype pair and mode (batch-invariant or not), "
+                         f"found {sorted(contexts, key=str) or 'none'}")
+    invariant = contexts.pop()[-1]
     policy = "batch-invariant" if invariant else "tuned"
     scores = [bench_scores(getattr(args, f"bench_{run}"), getattr(args, f"isolated_{run}"), policy, table)
               for run, table in zip(("a", "b"), tables)]
     entries, counts = merge(tables, scores, invariant)
-    with open(args.out, "w") as f:
-        json.dump(dict(tables[1], entries=entries), f, indent=1)
-        f.write("\n")
+    write_table(args.out, entries, dsl_version=tables[1].get("cutlass_dsl"), measured=tables[1].get("measured"))
     load_table(args.out)  # the merged table must load: valid tactics, one summation order per invariant shape
     print(f"{len(entries)} entries: {counts[0]} from {args.table_a}, {counts[1]} from {args.table_b}")
 

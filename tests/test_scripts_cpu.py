@@ -94,6 +94,15 @@ def test_merge_takes_the_faster_tactic_per_cell(tmp_path, capsys, monkeypatch):
     assert "1 from" in capsys.readouterr().out
 
 
+def test_merge_refuses_tables_of_several_gpus_or_dtypes(tmp_path, monkeypatch):
+    merge = load_script("merge_tables")
+    a = write_run(tmp_path, "a", [entry(1536, 1, [128, 8, 4, 13, 1])], {(1536, 1): 5.0}, "tuned")
+    fp32 = {**entry(1536, 1, [64, 8, 8, 6, 1]), "output_dtype": "float32"}
+    b = write_run(tmp_path, "b", [fp32], {(1536, 1): 6.0}, "tuned")
+    with pytest.raises(SystemExit, match="one GPU, dtype pair and mode"):
+        run_merge(merge, monkeypatch, a, b, tmp_path / "merged.json")
+
+
 def test_merge_ignores_times_of_tactics_the_table_does_not_hold(tmp_path, monkeypatch):
     merge = load_script("merge_tables")
     # Table a's benchmark fell back to the heuristic: its fast time says nothing about table a's tactic.
