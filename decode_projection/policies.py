@@ -150,11 +150,13 @@ def grid_ctas(tactic: SplitKTactic, n: int, batch: int) -> int:
     return weight_groups * tactic.activation_sharers * tactic.split * tactic.grid_rows(batch)
 
 
-def waves(tactic: SplitKTactic, n: int, batch: int, gpu: GpuSpec = H200, per_sm: int = 1) -> int:
-    """Waves ``tactic``'s grid takes with ``per_sm`` CTAs per SM, counted in whole clusters."""
+def waves(tactic: SplitKTactic, n: int, batch: int, gpu: GpuSpec = H200, per_sm: int = 1) -> float:
+    """Waves ``tactic``'s grid takes with ``per_sm`` CTAs per SM, counted in whole clusters (inf: none fits)."""
     size = tactic.split * tactic.multicast
     clusters = grid_ctas(tactic, n, batch) // size
-    return math.ceil(clusters / (gpu.clusters_at_once(size) * per_sm))
+    slots = gpu.clusters_at_once(size) * per_sm
+    # A GPU with fewer SMs than the cluster has CTAs (or a measured residency of 0) never runs such a grid.
+    return math.ceil(clusters / slots) if slots else math.inf
 
 
 def resolve_policies(n, k, batches, *, gpu: GpuSpec, weight_dtype, output_dtype, batch_invariant=False,

@@ -402,3 +402,10 @@ def test_split_partials_get_shared_memory_of_their_own_where_it_fits():
     assert candidates.buffered_keeping_most_stages(shared)[:2] == [
         SplitKTactic(80, 128, 2, 7, 1, 2, weight_as_b=True), SplitKTactic(160, 64, 2, 6, 1, 4, weight_as_b=True)]
     assert SplitKTactic(80, 128, 2, 7, 1, 2, weight_as_b=True) in candidate_tactics(2112, 7168, 256, limit=16)
+
+
+def test_a_cluster_no_sm_group_can_hold_is_never_chosen():
+    """A GPU that runs no cluster of 8 at once (a measured residency of 0) costs such tactics infinite waves."""
+    small = GpuSpec("small Hopper", 132, H200.smem_per_sm, 4.0e6, (132, 66, 39, 30, 22, 17, 15, 0))
+    assert policies.waves(SplitKTactic(64, 8, 8, 4), 2112, 1, small) == math.inf
+    assert SplitKTactic(64, 8, 8, 4) != default_tactic(2112, 7168, 1, small)
