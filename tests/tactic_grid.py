@@ -45,6 +45,8 @@ GRID += [
     SplitKTactic(56, 8, 1, max_stages(56, 8, 1, 2), 2), SplitKTactic(48, 16, 2, 6), SplitKTactic(160, 8, 1, 6),
     SplitKTactic(112, 64, 3, 4), SplitKTactic(40, 32, 1, 4, 1, 4), SplitKTactic(120, 48, 2, 2, 4),
     SplitKTactic(184, 256, 1, 2), SplitKTactic(8, 8, 5, 8), SplitKTactic(24, 128, 1, 4, 1, 2),
+    # Padded tiles sharing their activation load, as the tuner offers them: 48 rows loaded as two halves of 24.
+    SplitKTactic(56, 64, 1, 4, 2, 2), SplitKTactic(48, 48, 1, 4, 2, 2),
 ]
 
 # Two consumer warpgroups splitting the activation tile of a 64-row weight tile: with split K (a reduction

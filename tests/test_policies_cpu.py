@@ -262,6 +262,21 @@ def test_padded_weight_tiles_fill_the_sms_at_streaming_batches():
     assert [t.weight_rows for t in pinned if t.weight_smem_rows > t.weight_rows] == [56]
 
 
+def test_padded_tiles_are_also_offered_sharing_their_activation_load():
+    """From 32 activation rows on, unsplit padded tiles are timed with their activations multicast to 2 weight
+    tiles as well, where the clusters keep one wave: 7168 x 3584 M=64 on 64 clusters of two 56-row tiles."""
+    found = candidate_tactics(7168, 3584, 64, limit=16)
+    assert SplitKTactic(56, 64, 1, 7, 2, 2) in found and SplitKTactic(56, 64, 1, 3, 4, 2) in found
+    assert waves(SplitKTactic(56, 64, 1, 7, 2, 2), 7168, 64) == 1
+    for (n, k) in KIMI_K3_SHAPES:
+        for batch in (1, 16, 24, 32, 48, 64, 96):
+            shared = [t for t in candidate_tactics(n, k, batch, limit=16)
+                      if t.weight_smem_rows > t.weight_rows and t.multicast == 2]
+            assert activation_rows_for(batch) >= 32 or not shared, f"{n}x{k} M={batch}: shared below 32 rows"
+            for tactic in shared:
+                assert tactic.valid and candidates.fits_like(tactic, replace(tactic, multicast=1), n, batch)
+
+
 def test_folded_tiles_fill_the_sms_in_one_warpgroup_tile_at_streaming_batches():
     # 3584 rows: 128 tiles of 28 in slots of 32 (two K segments); 2112: 132 tiles of 16, in four segments first
     # where four fit in shared memory three stages deep.
