@@ -17,11 +17,9 @@ batches the reserved slots alone exceed 8: the H200 tables were tuned with 12 to
    grid into a second.
 4. Up to PADDED_TILE_ROWS activation rows, PADDED_TILE_CANDIDATES SM-filling weight
    tiles that are not whole warpgroups (``padded_tile_tactics``; under a pinned order
-   one of that order: a padded tile sums as the whole tile does), and from
-   SHARED_LOAD_ROWS activation rows on PADDED_SHARED_LOAD_CANDIDATES of the unsplit ones
-   with their activation tile multicast to 2 weight tiles, where that keeps one wave;
-   at streaming batches FOLDED_CANDIDATES with K folded (``folded_tactics``; under a
-   pinned order, a fold that sums in it).
+   one of that order: a padded tile sums as the whole tile does); at streaming
+   batches FOLDED_CANDIDATES with K folded (``folded_tactics``; under a pinned order,
+   a fold that sums in it).
 5. BUFFERED_PARTIALS_CANDIDATES split tactics without a buffer for their partials (those of group 1 that share
    an SM first, then those of groups 4 and 1), in fewer stages that leave them one (``buffered_partials_tactics``).
 6. At compute-bound batches, COLUMN_GROUP_CANDIDATES of the best 64-row tactics
@@ -66,11 +64,6 @@ PADDED_TILE_CANDIDATES = 3  # slots for SM-filling weight-as-A tiles padded to w
 # stages ran 24.90 us back to back against 26.94 for the best whole tile (docs/performance.md, v34).
 PADDED_TILE_ROWS = 96
 FOLDED_CANDIDATES = 2  # slots for SM-filling tiles with K folded into one warpgroup tile (folded_tactics)
-# Slots for padded tiles sharing their activation load between 2 weight tiles. The shared-load slots twin the cost
-# model's first pick, a whole-warpgroup tile that leaves SMs idle (128 rows: 56 CTAs on 7168 x 3584), so in 27 tunes
-# no padded tile, what the bar-3 cells at M = 24-64 ship, was timed sharing its activations, the traffic those cells
-# pay for (docs/performance.md, v35 and session 29).
-PADDED_SHARED_LOAD_CANDIDATES = 2
 # Slots for split tactics without a buffer for their partials, in fewer stages that leave them one with as many CTAs
 # per SM (buffered_partials_tactics). On the H200, 2304 x 1536 M=64 ran (64,64,3,5) 0.43 us faster after glue than
 # (64,64,3,7) and 0.03 us slower back to back, where at K = 7168 the fewer stages of two CTAs per SM lost 0.2-0.5 us
@@ -96,7 +89,7 @@ EARLY_DEPENDENTS_CANDIDATES = 3
 def pool_tactics(k: int, batch: int, gpu: GpuSpec = H200, *, order=None) -> set[SplitKTactic]:
     """Each tile and split at the deepest pipeline that lets 1 to MOST_CTAS_PER_SM CTAs share an SM (so a
     grid can fit in one wave), in one-box stages unless ``order`` = (split, k boxes) pins both."""
-    splits = [order[0]] if order is not None else [s for s in SPLITS if s <= largest_split(k)]
+    splits = [order[0]] if order is not None else [s for s in SPLITS if s <= largest_split(k, gpu)]
     k_boxes = order[1] if order is not None else 1
     pool = set()
     for acts in activation_tile_choices(batch):
@@ -142,7 +135,7 @@ def filling_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, weight_a
         # Four warpgroups of activations hold the accumulators of at most 2 x MOST_PARTIALS_OF_FOUR_GROUPS columns.
         four_groups = weight_as_b and acts == 4 * WGMMA_ROWS
         rows_cap = 2 * MOST_PARTIALS_OF_FOUR_GROUPS if four_groups else most_rows
-        for split in [s for s in SPLITS if s <= largest_split(k)]:
+        for split in [s for s in SPLITS if s <= largest_split(k, gpu)]:
             tiles_per_wave = gpu.clusters_at_once(split) // m_tiles
             if tiles_per_wave == 0:
                 continue
@@ -215,7 +208,8 @@ def shared_weight_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> li
         if sharers not in MULTICASTS[1:]:
             continue
         rows_cap = 2 * MOST_PARTIALS_OF_FOUR_GROUPS if acts == 4 * WGMMA_ROWS else WEIGHT_ROWS_AS_B[-1]
-        for split in [s for s in SPLITS if s <= largest_split(k) and s * sharers <= PORTABLE_CLUSTER]:
+        for split in [s for s in SPLITS if s <= largest_split(k, gpu) and s * sharers <= PORTABLE_CLUSTER
+                      and gpu.clusters_at_once(s * sharers) > 0]:
             load_rows = 8 * sharers
             rows = load_rows * math.ceil(n / (load_rows * gpu.clusters_at_once(split * sharers)))
             if SplitKTactic(rows, acts, split, 2, weight_as_b=True).reallocates_registers:
@@ -277,13 +271,8 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     chosen += [t for t in ranked if t not in chosen]
     padded, folded, columns, weight_as_b, shared_weight = [], [], [], [], []
     activation_rows = activation_rows_for(batch)
-    padded_shared = []
     if activation_rows <= PADDED_TILE_ROWS:
         padded = padded_tile_tactics(n, k, batch, gpu, order)[:PADDED_TILE_CANDIDATES]
-        if activation_rows >= SHARED_LOAD_ROWS:
-            twins = [(replace(t, multicast=2), t) for t in padded if t.split * t.multicast == 1]
-            padded_shared = [twin for twin, t in twins if twin.valid and fits_like(twin, t, n, batch, gpu)]
-            padded_shared = padded_shared[:PADDED_SHARED_LOAD_CANDIDATES]
     if activation_rows < COMPUTE_BOUND_ROWS:
         folded = folded_tactics(n, k, batch, gpu, order)[:FOLDED_CANDIDATES]
     else:
@@ -298,7 +287,7 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     buffered = [t for t in buffered_partials_tactics(sharing + padded + chosen, gpu) if t not in chosen + padded]
     buffered = buffered[:BUFFERED_PARTIALS_CANDIDATES]
     reserved = SHARED_LOAD_CANDIDATES + (WIDE_STAGE_CANDIDATES if order is None else 0) + len(padded) \
-        + len(padded_shared) + len(columns) + len(weight_as_b) + len(shared_weight) + len(folded) + len(buffered)
+        + len(columns) + len(weight_as_b) + len(shared_weight) + len(folded) + len(buffered)
     base = chosen[: max(1, limit - reserved)]
     wide = []
     if order is None:
@@ -309,8 +298,7 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
         shared = [replace(base[0], multicast=group) for group in MULTICASTS[1:] if group != 3]
         shared = [t for t in shared if t.valid and fits_like(t, base[0], n, batch, gpu)]
     rest = [t for t in chosen if t not in base]
-    return (base + wide + shared + padded + padded_shared + folded + buffered + columns + weight_as_b + shared_weight
-            + rest)[:limit]
+    return (base + wide + shared + padded + folded + buffered + columns + weight_as_b + shared_weight + rest)[:limit]
 
 
 def early_dependents_tactics(tactics, gpu: GpuSpec = H200) -> list[SplitKTactic]:

@@ -98,23 +98,37 @@ def _stored_name(key, blob):
     return f"{key}-{hashlib.sha256(blob).hexdigest()[:16]}.o"
 
 
-def _load_stored(directory, key, prefix):
-    """The kernel stored under ``key`` whose bytes match its name, else None (a damaged file is removed)."""
+def _load_stored(directory, key, prefix, writable):
+    """The kernel stored under ``key`` whose bytes match its name, else None; a damaged file is removed where
+    the key's lock is held (``writable``)."""
     try:
         stored = sorted(directory.glob(f"{key}-*.o"))
     except OSError:
         return None
     for path in stored:
         try:
-            if path.name == _stored_name(key, path.read_bytes()):
+            intact = path.name == _stored_name(key, path.read_bytes())
+            if intact:
                 return _load(path, prefix)
-        except Exception:  # unreadable, or not an object file of ours: a miss
-            pass
-        try:
-            path.unlink()
-        except OSError:
-            pass
+        except Exception:  # unreadable, or an intact file this process cannot load: a miss, left in place
+            continue
+        if writable:
+            try:
+                path.unlink()
+            except OSError:
+                pass
     return None
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it where the system says (another thread may be creating files)."""
+    try:
+        status = Path("/proc/self/status").read_text()
+        return int(next(line.split()[1] for line in status.splitlines() if line.startswith("Umask:")), 8)
+    except (OSError, StopIteration, ValueError, IndexError):
+        umask = os.umask(0o022)
+        os.umask(umask)
+        return umask
 
 
 def _save(directory, path, blob):
@@ -125,9 +139,7 @@ def _save(directory, path, blob):
             file.write(blob)
             file.flush()
             os.fsync(file.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)  # mkstemp makes 0600: other users sharing the cache could not read it
+        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes 0600: other users sharing the cache could not read it
         os.replace(temporary, path)
     finally:
         if os.path.exists(temporary):
@@ -163,7 +175,7 @@ def cached_compile(compile_fn, *codegen_inputs):
     key = cache_key(*codegen_inputs)
     prefix = f"decode_projection_{key}"
     with _key_lock(directory, key) as writable:
-        loaded = _load_stored(directory, key, prefix)
+        loaded = _load_stored(directory, key, prefix, writable)
         if loaded is not None:
             return loaded
         _load_runtime()

@@ -31,11 +31,11 @@ def activation_rows_for(batch: int) -> int:
     return next((rows for rows in ACTIVATION_ROWS if rows >= batch), ACTIVATION_ROWS[-1])
 
 
-def largest_split(k: int) -> int:
-    """The largest of HEURISTIC_SPLITS that still gives each CTA a pipeline's worth of K tiles
-    (also the tuner's cap: odd splits in between, not past it)."""
+def largest_split(k: int, gpu: GpuSpec = H200) -> int:
+    """The largest of HEURISTIC_SPLITS that still gives each CTA a pipeline's worth of K tiles and whose clusters
+    ``gpu`` can run (also the tuner's cap: odd splits in between, not past it)."""
     k_tiles = math.ceil(k / BOX_K)
-    fitting = [s for s in HEURISTIC_SPLITS if k_tiles >= s * MIN_K_TILES_PER_CTA]
+    fitting = [s for s in HEURISTIC_SPLITS if k_tiles >= s * MIN_K_TILES_PER_CTA and gpu.clusters_at_once(s) > 0]
     return max(fitting, default=1)
 
 
@@ -49,7 +49,7 @@ def default_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, batch_inv
         return one_wave_tactic(n, k, batch, gpu)
     # Streaming batches, and batch-invariant tables at every batch (they keep batch 1's split).
     target = math.ceil(STREAMING_CTA_FRACTION * gpu.sm_count)
-    most = largest_split(k)
+    most = largest_split(k, gpu)
     rows = HEURISTIC_WEIGHT_ROWS[-1] if math.ceil(n / HEURISTIC_WEIGHT_ROWS[-1]) * most >= target \
         else HEURISTIC_WEIGHT_ROWS[0]
     tiles = math.ceil(n / rows)
@@ -69,7 +69,7 @@ def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTa
         for acts in activation_tile_choices(batch)
         for rows in HEURISTIC_WEIGHT_ROWS
         for split in HEURISTIC_SPLITS
-        if split <= largest_split(k)
+        if split <= largest_split(k, gpu)
     ]
     options = [(grid_ctas(t, n, batch), t.activation_rows, t.split, t.weight_rows) for t in grids]
     one_wave = [o for t, o in zip(grids, options) if waves(t, n, batch, gpu) == 1]

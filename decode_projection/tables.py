@@ -50,7 +50,7 @@ def read_entries(path) -> list[dict]:
     """The entries of one JSON table file as written, after its format check."""
     try:
         document = json.loads(Path(path).read_text())
-    except json.JSONDecodeError as error:
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{path}: not a JSON table: {error}") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         found = document.get("format") if isinstance(document, dict) else type(document).__name__
@@ -58,6 +58,20 @@ def read_entries(path) -> list[dict]:
     if not isinstance(document.get("entries"), list):
         raise ValueError(f"{path}: a table of format {FORMAT} without a list of entries")
     return document["entries"]
+
+
+def entry_problem(key: TableKey, batch) -> str | None:
+    """What is wrong with the types of an entry's key and batch, if anything (a lookup would never match it)."""
+    def is_int(value):
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    if not all(isinstance(v, str) for v in (key.gpu, key.weight_dtype, key.output_dtype)):
+        return "has a GPU or dtype that is not a string"
+    if not all(is_int(v) and v >= 1 for v in (key.sm_count, key.n, key.k, batch)):
+        return "has an SM count, N, K or batch that is not a positive int"
+    if not isinstance(key.batch_invariant, bool):
+        return f"has batch_invariant {key.batch_invariant!r}, not a bool"
+    return None
 
 
 def load_table(path) -> dict:
@@ -69,8 +83,8 @@ def load_table(path) -> dict:
             key, batch = key_of(entry), entry["batch"]
         except (ValueError, TypeError, KeyError) as error:
             raise ValueError(f"{path}: entry {entry} is no longer valid: {error!r}") from error
-        if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
-            raise ValueError(f"{path}: entry {entry} has batch {batch!r}, not a positive int")
+        if problem := entry_problem(key, batch):
+            raise ValueError(f"{path}: entry {entry} {problem}")
         table.setdefault(key, {})[batch] = tactic
     check_invariant(table, path)
     return table

@@ -151,14 +151,16 @@ def test_stale_table_entry_fails_loudly(tmp_path):
         tables.load_table(path)
     # Whatever is wrong, the message names the file.
     malformed = [{**entry(1, (64, 8, 2, 4)), "batch": "1"}, {"batch": 1, "tactic": [64, 8, 2, 4]},
-                 {**entry(1, (64, 8, 2, 4)), "tactic": [64, "eight"]}]
+                 {**entry(1, (64, 8, 2, 4)), "tactic": [64, "eight"]}, {**entry(1, (64, 8, 2, 4)), "n": [7168]},
+                 {**entry(1, (64, 8, 2, 4)), "batch_invariant": "yes"}, {**entry(1, (64, 8, 2, 4)), "batch": True}]
     for bad in malformed:
         path.write_text(json.dumps({"format": 1, "entries": [bad]}))
         with pytest.raises(ValueError, match="bad.json: entry"):
             tables.load_table(path)
-    path.write_text('{"format": 1, "entries": [')
-    with pytest.raises(ValueError, match="bad.json: not a JSON table"):
-        tables.load_table(path)
+    for broken in (b'{"format": 1, "entries": [', b"\xff\xfe not text"):
+        path.write_bytes(broken)
+        with pytest.raises(ValueError, match="bad.json: not a JSON table"):
+            tables.load_table(path)
 
 
 def test_a_table_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
@@ -260,21 +262,6 @@ def test_padded_weight_tiles_fill_the_sms_at_streaming_batches():
     pinned = candidate_tactics(7168, 4224, 1, limit=16, order=(1, 2))
     assert {t.summation_order for t in pinned} == {(1, 2)}
     assert [t.weight_rows for t in pinned if t.weight_smem_rows > t.weight_rows] == [56]
-
-
-def test_padded_tiles_are_also_offered_sharing_their_activation_load():
-    """From 32 activation rows on, unsplit padded tiles are timed with their activations multicast to 2 weight
-    tiles as well, where the clusters keep one wave: 7168 x 3584 M=64 on 64 clusters of two 56-row tiles."""
-    found = candidate_tactics(7168, 3584, 64, limit=16)
-    assert SplitKTactic(56, 64, 1, 7, 2, 2) in found and SplitKTactic(56, 64, 1, 3, 4, 2) in found
-    assert waves(SplitKTactic(56, 64, 1, 7, 2, 2), 7168, 64) == 1
-    for (n, k) in KIMI_K3_SHAPES:
-        for batch in (1, 16, 24, 32, 48, 64, 96):
-            shared = [t for t in candidate_tactics(n, k, batch, limit=16)
-                      if t.weight_smem_rows > t.weight_rows and t.multicast == 2]
-            assert activation_rows_for(batch) >= 32 or not shared, f"{n}x{k} M={batch}: shared below 32 rows"
-            for tactic in shared:
-                assert tactic.valid and candidates.fits_like(tactic, replace(tactic, multicast=1), n, batch)
 
 
 def test_folded_tiles_fill_the_sms_in_one_warpgroup_tile_at_streaming_batches():
@@ -420,7 +407,14 @@ def test_split_partials_get_shared_memory_of_their_own_where_it_fits():
 
 
 def test_a_cluster_no_sm_group_can_hold_is_never_chosen():
-    """A GPU that runs no cluster of 8 at once (a measured residency of 0) costs such tactics infinite waves."""
+    """A GPU that runs no cluster of 8 at once (a measured residency of 0, as a partitioned GPU might): such
+    tactics cost infinite waves, and neither the heuristic nor the tuner's candidates offer them."""
     small = GpuSpec("small Hopper", 132, H200.smem_per_sm, 4.0e6, (132, 66, 39, 30, 22, 17, 15, 0))
     assert policies.waves(SplitKTactic(64, 8, 8, 4), 2112, 1, small) == math.inf
-    assert SplitKTactic(64, 8, 8, 4) != default_tactic(2112, 7168, 1, small)
+    assert default_tactic(1536, 7168, 1).split == 8  # on the H200
+    for batch in (1, 16, 64, 128, 256):
+        for invariant in (False, True):
+            assert default_tactic(1536, 7168, batch, small, batch_invariant=invariant).split < 8
+        for n, k in ((1536, 7168), (2112, 7168), (7168, 3584)):
+            for tactic in candidate_tactics(n, k, batch, small, limit=16):
+                assert small.clusters_at_once(tactic.split * tactic.multicast) > 0, (n, k, batch, tactic)
