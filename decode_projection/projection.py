@@ -96,8 +96,9 @@ def matrix_view(tensor, *, output=False):
     shape = (cols, rows, 1) if output else (rows, cols, 1)
     stride = (1, pitch, 0) if output else (pitch, 1, 0)
     align = tensor.element_size() if output else TMA_ALIGN
-    # Detached: DLPack refuses tensors that require grad, and the kernel never takes part in autograd.
-    result = to_cute(tensor.detach().as_strided(shape, stride), assumed_align=align)
+    if tensor.requires_grad:  # DLPack refuses these; the kernel never takes part in autograd
+        tensor = tensor.detach()
+    result = to_cute(tensor.as_strided(shape, stride), assumed_align=align)
     return result.mark_layout_dynamic(leading_dim=0 if output else 1)
 
 
