@@ -52,6 +52,19 @@ def cache_dir():
         return None
 
 
+def writable_cache_dir():
+    """The cache directory when this process can create files in it, else None."""
+    directory = cache_dir()
+    if directory is None:
+        return None
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            return directory
+    except OSError:
+        return None
+
+
 @cache
 def source_fingerprint() -> str:
     """A hash of the kernel and compile sources."""

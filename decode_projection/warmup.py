@@ -6,8 +6,9 @@ hundred distinct tactics for the Kimi-K3 shapes, so a first start that compiles
 them one by one (``prepare()`` does) waits a minute or two. Compiling them in
 worker processes into the disk cache (``disk_cache.py``) first, then loading,
 spreads that over the cores (each worker also pays its own imports: measured in
-docs/measurements/2026-12-02-warm-cpu.txt). Without a disk cache there is
-nowhere to hand the kernels over, so they are compiled here, one by one.
+docs/measurements/2026-12-02-warm-cpu.txt). Without a disk cache this process
+can write there is nowhere to hand the kernels over, so they are compiled here,
+one by one (workers would compile each kernel twice: once there, once here).
 """
 
 import multiprocessing
@@ -16,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from tqdm import tqdm
 
-from .disk_cache import cache_dir
+from .disk_cache import writable_cache_dir
 from .projection import compile_projection
 
 
@@ -33,7 +34,7 @@ def compile_all(jobs, *, workers=None, progress=True) -> int:
     where a disk cache lets workers hand kernels over, and load them into this process; returns the count."""
     jobs = sorted(set(jobs), key=str)
     workers = min(len(jobs), workers or min(os.cpu_count() or 1, MOST_WORKERS))
-    if cache_dir() is not None and workers > 1:
+    if workers > 1 and writable_cache_dir() is not None:
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             for _ in tqdm(pool.map(_compile_one, jobs), total=len(jobs), disable=not progress,
                           desc=f"compile ({workers} processes)", unit="kernel"):

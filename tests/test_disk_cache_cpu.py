@@ -126,6 +126,23 @@ def test_parallel_warmup_hands_every_kernel_over_through_the_cache(cache_dir, mo
     assert all(kernel_report(compile_projection(*job)).hgmma > 0 for job in jobs)
 
 
+def test_warmup_into_an_unwritable_cache_compiles_each_kernel_once(tmp_path, monkeypatch):
+    blocked = tmp_path / "file-not-dir"
+    blocked.write_text("")
+    monkeypatch.setenv("DECODE_PROJECTION_CACHE_DIR", str(blocked / "cache"))
+    jobs = [(SplitKTactic(64, 16, 1, 4), torch.bfloat16, "sm_90a", torch.bfloat16),
+            (SplitKTactic(128, 16, 2, 4), torch.float32, "sm_90a", torch.bfloat16)]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("workers compiled into a cache nobody can read back: every kernel compiles twice")
+
+    monkeypatch.setattr(warmup, "ProcessPoolExecutor", refuse)
+    compile_projection.cache_clear()
+    assert warmup.compile_all(jobs, workers=2, progress=False) == 2
+    assert all(kernel_report(compile_projection(*job)).hgmma > 0 for job in jobs)
+    compile_projection.cache_clear()
+
+
 def test_a_flipped_byte_is_never_loaded(cache_dir):
     cold = kernel_report(compile_projection(TACTIC, torch.bfloat16, "sm_90a")).sass
     (stored,) = cache_dir.glob("*.o")
