@@ -560,6 +560,18 @@ class SplitKGemm:
                     total = total + partials[n, m, segment]
                 self.store_kept_in_l2(out, row0 + n, col0 + m, total.to(out.element_type))
 
+    @cute.jit
+    def send_partial(self, vector, buffer, offset, arrived, g, sharer):
+        """One vector of partials to element ``offset`` of its owner's buffer, by ``st.async`` (DSMEM)."""
+        t = self.tactic
+        owner = g % t.split
+        if cutlass.const_expr(t.multicast > 1):
+            owner = sharer * t.split + owner
+        target = cute.make_ptr(
+            cutlass.Float32, buffer.toint() + offset * 4, cute.AddressSpace.smem, assumed_align=4 * len(vector)
+        )
+        cute.arch.store_async_dsmem(target, vector if len(vector) > 1 else vector[0], arrived, owner)
+
     def sharing_layout(self):
         """Who fills whose pipeline stages, for the pipeline's release signals."""
         # Without multicast every CTA fills only its own stages (a CTA-local pipeline, whatever the split). With it,
@@ -616,11 +628,12 @@ class SplitKGemm:
     def reduce_across_cluster(self, acc, coords, rank, sharer, storage, out, row0, col0, repeated):
         """Sum the split partials through DSMEM in rank order; each rank stores a share (EVICT_LAST)."""
         # Each thread's accumulators go in vectors of ``reduction_vector``; vector ``g`` is owned by rank ``g % split``:
-        # each CTA sends it with one ``st.async`` to slot ``[rank][g // split][thread]`` of the owner's buffer; the
-        # owner waits on its mbarrier for every byte, then adds the ``split`` slots in rank order, so the sum never
-        # depends on timing. With a buffer of its own (``reduction_buffered``) a rank sends as soon as its loop ends
-        # (every peer's barrier was published as the CTAs started); otherwise the buffer is the drained pipeline
-        # tiles, and a cluster barrier first waits until no rank still reads its own.
+        # each peer sends it with one ``st.async`` to its slot of the owner's buffer; the owner waits on its mbarrier
+        # for every byte, then adds the partials in rank order, so the sum never depends on timing. Where it keeps its
+        # own in registers (``keeps_own_partials``) peer r's slot is (r - owner - 1) mod split; otherwise every rank,
+        # the owner too, sends to slot r. With a buffer of its own (``reduction_buffered``) a rank sends as soon as
+        # its loop ends (every peer's barrier was published as the CTAs started); otherwise the buffer is the drained
+        # pipeline tiles, and a cluster barrier first waits until no rank still reads its own.
         t = self.tactic
         tidx, _, _ = cute.arch.thread_idx()
         width, groups = t.reduction_vector, t.reduction_groups
@@ -629,7 +642,7 @@ class SplitKGemm:
         if cutlass.const_expr(t.reduction_buffered):
             buffer = storage.partials.data_ptr()
         slot = cute.make_layout(
-            (width, self.consumer_threads, per_rank, t.split),
+            (width, self.consumer_threads, per_rank, t.reduction_slots),
             stride=(1, width, width * self.consumer_threads, width * self.consumer_threads * per_rank),
         )
         arrived = storage.reduction_barrier.data_ptr()
@@ -637,21 +650,19 @@ class SplitKGemm:
             # Peers' bytes may land before this: the barrier's transaction count may dip below zero, but its phase
             # cannot complete before this one arrival.
             owned = cutlass.max(groups - rank + t.split - 1, 0) // t.split
-            cute.arch.mbarrier_arrive_and_expect_tx(arrived, owned * t.split * self.consumer_threads * width * 4)
+            cute.arch.mbarrier_arrive_and_expect_tx(
+                arrived, owned * t.reduction_slots * self.consumer_threads * width * 4
+            )
         self.await_reduction_peers()
         bits = cute.recast_tensor(acc, cutlass.Int32)
         for g in cutlass.range_constexpr(groups):
-            owner = g % t.split
-            if cutlass.const_expr(t.multicast > 1):
-                owner = sharer * t.split + owner
             vector = tuple(bits[g * width + j] for j in range(width))
-            target = cute.make_ptr(
-                cutlass.Float32,
-                buffer.toint() + slot((0, tidx, g // t.split, rank)) * 4,
-                cute.AddressSpace.smem,
-                assumed_align=4 * width,
-            )
-            cute.arch.store_async_dsmem(target, vector if width > 1 else vector[0], arrived, owner)
+            if cutlass.const_expr(t.keeps_own_partials):
+                if g % t.split != rank:
+                    peer_slot = (rank + t.split - g % t.split - 1) % t.split
+                    self.send_partial(vector, buffer, slot((0, tidx, g // t.split, peer_slot)), arrived, g, sharer)
+            else:
+                self.send_partial(vector, buffer, slot((0, tidx, g // t.split, rank)), arrived, g, sharer)
         cute.arch.mbarrier_wait(arrived, 0)
         cute.arch.griddepcontrol_wait()  # before writing ``out``: the previous launch may still read it
         sums = cute.make_tensor(buffer, slot)
@@ -661,9 +672,17 @@ class SplitKGemm:
         # (docs/performance.md, v35).
         for g in cutlass.range_constexpr(groups):
             if g % t.split == rank:
-                total = sums[None, tidx, g // t.split, 0].load()
-                for s in cutlass.range_constexpr(1, t.split):
-                    total = total + sums[None, tidx, g // t.split, s].load()
+                # Here the rank is g % split, a constant, as is every slot; one vector of partials at a time.
+                own = g % t.split
+                total = None
+                for s in cutlass.range_constexpr(t.split):
+                    if cutlass.const_expr(t.keeps_own_partials and s == own):
+                        part = [acc[g * width + j] for j in range(width)]
+                    else:
+                        index = (s - own - 1) % t.split if t.keeps_own_partials else s
+                        peer = sums[None, tidx, g // t.split, index].load()
+                        part = [peer[j] for j in range(width)]
+                    total = part if total is None else [a + b for a, b in zip(total, part)]
                 for j in cutlass.range_constexpr(width):
                     n, m = self.output_index(coords[g * width + j])
                     value = total[j].to(out.element_type)

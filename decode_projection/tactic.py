@@ -217,13 +217,25 @@ class SplitKTactic:
         return self.partials_per_thread // self.reduction_vector
 
     @property
+    def keeps_own_partials(self) -> bool:
+        """Whether a split rank keeps the partials it owns in registers until it sums them, sending only its peers'
+        (a slot fewer in the reduction's buffer). Not with three consumer warpgroups, whose accumulators leave too
+        few registers: (192,192,6,4) spilled."""
+        return self.consumer_groups < 3
+
+    @property
+    def reduction_slots(self) -> int:
+        """Slots of partials an owner receives per vector: one per peer, and its own where it does not keep them."""
+        return self.split - self.keeps_own_partials
+
+    @property
     def reduction_bytes(self) -> int:
         """Shared memory the split-K reduction needs: its own (``reduction_buffered``) or the drained pipeline
         buffers'."""
         if self.split == 1:
             return 0
         per_rank = math.ceil(self.reduction_groups / self.split)
-        return self.split * per_rank * self.reduction_vector * 128 * self.consumer_groups * 4
+        return self.reduction_slots * per_rank * self.reduction_vector * 128 * self.consumer_groups * 4
 
     @property
     def reduction_buffered(self) -> bool:

@@ -380,19 +380,23 @@ def test_split_partials_get_shared_memory_of_their_own_where_it_fits():
     # ends, no cluster barrier first.
     beside = SplitKTactic(128, 32, 4, 5, 2)
     assert beside.reduction_buffered and beside.smem_bytes == 1024 + 5 * beside.stage_bytes + beside.reduction_bytes
-    # 13 stages fill shared memory: the partials reuse the drained stages.
-    reusing = SplitKTactic(128, 8, 3, 13)
-    assert not reusing.reduction_buffered and reusing.smem_bytes == 1024 + 13 * reusing.stage_bytes
-    # Two CTAs share an SM with 7 stages of 16 KB, one with the 18 KB of partials beside them: no buffer there.
+    # 7 two-box stages fill shared memory: the partials reuse the drained stages.
+    reusing = SplitKTactic(56, 64, 2, 7, 2)
+    assert not reusing.reduction_buffered and reusing.smem_bytes == 1024 + 7 * reusing.stage_bytes
+    # The owner keeps its own partials in registers: the buffer holds a slot per peer. Not with three consumer
+    # warpgroups, whose accumulators leave too few registers.
+    assert SplitKTactic(128, 8, 3, 13).reduction_bytes == 2 * 128 * 4 * 4
+    assert not SplitKTactic(192, 192, 6, 4).keeps_own_partials and SplitKTactic(192, 192, 6, 4).reduction_slots == 6
+    # Two CTAs share an SM with 7 stages of 16 KB, one with the 12 KB of peers' partials beside them: no buffer
+    # there, but with 6 stages.
     assert policies.ctas_per_sm(SplitKTactic(64, 64, 3, 7)) == 2 and not SplitKTactic(64, 64, 3, 7).reduction_buffered
-    assert policies.ctas_per_sm(SplitKTactic(64, 64, 3, 5)) == 2 and SplitKTactic(64, 64, 3, 5).reduction_buffered
+    assert policies.ctas_per_sm(SplitKTactic(64, 64, 3, 6)) == 2 and SplitKTactic(64, 64, 3, 6).reduction_buffered
     assert not SplitKTactic(64, 64, 1, 7).reduction_buffered
     # The tuner times split tactics in fewer stages that give their partials a buffer at as many CTAs per SM:
     # two per SM for the 64-row tile, one for the others.
     assert candidates.buffered_partials_tactics(
         [SplitKTactic(64, 64, 3, 7), SplitKTactic(128, 8, 3, 13), SplitKTactic(56, 64, 2, 7, 2),
-         SplitKTactic(128, 32, 4, 5, 2)]) == [SplitKTactic(64, 64, 3, 5), SplitKTactic(128, 8, 3, 12),
-                                                SplitKTactic(56, 64, 2, 6, 2)]
+         SplitKTactic(128, 32, 4, 5, 2)]) == [SplitKTactic(64, 64, 3, 6), SplitKTactic(56, 64, 2, 6, 2)]
     offered = [t for t in candidate_tactics(2304, 1536, 64, limit=12) if t.reduction_buffered and t.split > 1]
     assert any(policies.ctas_per_sm(t) == 2 for t in offered)
     # The batch-invariant pass on 3584 x 7168 (order (2, 2)) times the padded split tile's buffered twin.
@@ -402,7 +406,7 @@ def test_split_partials_get_shared_memory_of_their_own_where_it_fits():
     shared = candidates.shared_weight_tactics(2112, 7168, 256)
     assert SplitKTactic(80, 128, 2, 8, 1, 2, weight_as_b=True) in shared[candidates.SHARED_WEIGHT_CANDIDATES:]
     assert candidates.buffered_keeping_most_stages(shared)[:2] == [
-        SplitKTactic(80, 128, 2, 7, 1, 2, weight_as_b=True), SplitKTactic(160, 64, 2, 6, 1, 4, weight_as_b=True)]
+        SplitKTactic(80, 128, 2, 7, 1, 2, weight_as_b=True), SplitKTactic(160, 64, 2, 7, 1, 4, weight_as_b=True)]
     assert SplitKTactic(80, 128, 2, 7, 1, 2, weight_as_b=True) in candidate_tactics(2112, 7168, 256, limit=16)
 
 
