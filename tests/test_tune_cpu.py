@@ -177,6 +177,26 @@ def test_the_current_tables_tactics_are_timed_too(fake_gpu, monkeypatch, tmp_pat
     assert timed[2] == {SplitKTactic(64, 8, 8, 3), larger}
 
 
+def test_a_retune_keeps_the_held_tactic_unless_a_challenger_beats_it_by_the_margin(fake_gpu, monkeypatch):
+    held, challenger = SplitKTactic(128, 8, 1, 13), SplitKTactic(64, 8, 8, 3)
+    monkeypatch.setattr(tuning, "candidate_tactics", lambda *args, **kwargs: [challenger])
+    key = TableKey(H200.name, H200.sm_count, 1536, 128, "bfloat16", "bfloat16", False)
+
+    def picks(held_us, challenger_us):
+        class Timer(FakeTimer):
+            def time(self, batch, tactics, progress):
+                us = {held: held_us, challenger: challenger_us}
+                return [tuning.Timed(t, us.get(t, 99.0), us.get(t, 99.0)) for t in tactics]
+
+        monkeypatch.setattr(tuning, "ShapeTimer", Timer)
+        (entry,), _ = tuning.tune([(1536, 128)], [1], limit=1, incumbents={key: {1: held}})
+        return SplitKTactic(*entry["tactic"])
+
+    assert picks(10.1, 10.0) == held  # 1% behind: a near-tie, which flips between runs
+    assert picks(10.2, 10.0) == challenger  # 2% behind: replaced
+    assert picks(9.9, 10.0) == held
+
+
 def test_the_invariant_order_keeps_streaming_batches_within_ten_percent_then_costs_least():
     # Batch 1's winner (4 boxes) is 1% ahead at batch 1 but 3x behind at batch 256: the order
     # chosen for every batch is the one that costs least over all of them.
