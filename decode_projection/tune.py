@@ -228,10 +228,13 @@ class Tuner:
                        dtype_name(self.kinds["output_dtype"]), False)
         return self.incumbents.get(key, {}).get(batch)
 
+    def fastest(self, cell) -> Timed:
+        """The best mean of the two launch contexts at ``cell``."""
+        return min(self.timed[cell], key=lambda t: t.score)
+
     def best(self, cell) -> Timed:
-        """The free table's pick: the best mean of the two launch contexts, unless the tactic the table holds
-        comes within REPLACE_MARGIN of it."""
-        fastest = min(self.timed[cell], key=lambda t: t.score)
+        """The free table's pick: the fastest, unless the tactic the table holds comes within REPLACE_MARGIN."""
+        fastest = self.fastest(cell)
         held = next((t for t in self.timed[cell] if t.tactic == self.held(cell)), None)
         if held is not None and held.score <= fastest.score * (1 + REPLACE_MARGIN):
             return held
@@ -363,7 +366,7 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
         # A pinned order needs no choosing.
         streaming = [b for b in batches if activation_rows_for(b) < COMPUTE_BOUND_ROWS]
         winning = {(n, k): set() if (n, k) in pinned_orders else
-                   {t.summation_order for t in (tuner.best((n, k, b)).tactic for b in streaming)
+                   {t.summation_order for t in (tuner.fastest((n, k, b)).tactic for b in streaming)
                     if t.invariance_verified}
                    for n, k in shapes}
         tuner.run_pass({(n, k, b): order_candidates(n, k, b, gpu, timed=tuner.timed[n, k, b], winning=winning[n, k])

@@ -130,6 +130,7 @@ def test_warmup_into_an_unwritable_cache_compiles_each_kernel_once(tmp_path, mon
     blocked = tmp_path / "file-not-dir"
     blocked.write_text("")
     monkeypatch.setenv("DECODE_PROJECTION_CACHE_DIR", str(blocked / "cache"))
+    monkeypatch.delenv("DECODE_PROJECTION_DISK_CACHE", raising=False)  # a disabled cache would pass vacuously
     jobs = [(SplitKTactic(64, 16, 1, 4), torch.bfloat16, "sm_90a", torch.bfloat16),
             (SplitKTactic(128, 16, 2, 4), torch.float32, "sm_90a", torch.bfloat16)]
 

@@ -1,5 +1,6 @@
 """CPU tests of the tuner's bookkeeping: a fake timer stands in for the GPU."""
 
+import dataclasses
 import json
 
 import pytest
@@ -182,19 +183,43 @@ def test_a_retune_keeps_the_held_tactic_unless_a_challenger_beats_it_by_the_marg
     monkeypatch.setattr(tuning, "candidate_tactics", lambda *args, **kwargs: [challenger])
     key = TableKey(H200.name, H200.sm_count, 1536, 128, "bfloat16", "bfloat16", False)
 
-    def picks(held_us, challenger_us):
+    def picks(held_us, challenger_us, incumbents):
         class Timer(FakeTimer):
             def time(self, batch, tactics, progress):
                 us = {held: held_us, challenger: challenger_us}
-                return [tuning.Timed(t, us.get(t, 99.0), us.get(t, 99.0)) for t in tactics]
+                # Back to back and after glue differ: the margin applies to their mean.
+                return [tuning.Timed(t, us.get(t, 99.0) - 1, us.get(t, 99.0) + 1) for t in tactics]
 
         monkeypatch.setattr(tuning, "ShapeTimer", Timer)
-        (entry,), _ = tuning.tune([(1536, 128)], [1], limit=1, incumbents={key: {1: held}})
+        (entry,), _ = tuning.tune([(1536, 128)], [1], limit=1, incumbents=incumbents)
         return SplitKTactic(*entry["tactic"])
 
-    assert picks(10.1, 10.0) == held  # 1% behind: a near-tie, which flips between runs
-    assert picks(10.2, 10.0) == challenger  # 2% behind: replaced
-    assert picks(9.9, 10.0) == held
+    holding = {key: {1: held}}
+    assert picks(10.1, 10.0, holding) == held  # 1% behind: a near-tie, which flips between runs
+    assert picks(10.2, 10.0, holding) == challenger  # 2% behind: replaced
+    # Held only by the invariant table, or not held at all: the fastest wins.
+    assert picks(10.1, 10.0, {dataclasses.replace(key, batch_invariant=True): {1: held}, key: {1: challenger}}) == challenger
+    assert picks(10.1, 10.0, None) == challenger
+
+
+def test_the_held_tactic_does_not_hide_a_faster_order_from_the_invariant_pass(fake_gpu, monkeypatch, tmp_path):
+    # The orders probed at every batch are those of each streaming batch's fastest tactic, held or not.
+    held, challenger = SplitKTactic(64, 8, 2, 4), SplitKTactic(64, 8, 8, 3)
+    # The challenger is a free candidate at batch 1 only: batch 2 times its order only if the order pass probes it.
+    monkeypatch.setattr(tuning, "candidate_tactics", lambda n, k, b, gpu, limit, order=None:
+                        [challenger] if order == (8, 1) or (order is None and b == 1) else [held])
+
+    class Timer(FakeTimer):
+        def time(self, batch, tactics, progress):
+            return [tuning.Timed(t, 10.1 if t == held else 10.0, 10.1 if t == held else 10.0) for t in tactics]
+
+    monkeypatch.setattr(tuning, "ShapeTimer", Timer)
+    key = TableKey(H200.name, H200.sm_count, 1536, 128, "bfloat16", "bfloat16", False)
+    tuning.tune([(1536, 128)], [1, 2], limit=1, invariant_limit=1, incumbents={key: {1: held}},
+                timings_path=tmp_path / "timings.json")
+    rows = json.loads((tmp_path / "timings.json").read_text())
+    timed = {row["batch"]: {SplitKTactic(*t[0]) for t in row["timed"]} for row in rows}
+    assert challenger in timed[2]
 
 
 def test_the_invariant_order_keeps_streaming_batches_within_ten_percent_then_costs_least():
