@@ -234,8 +234,8 @@ class Tuner:
 
     def best(self, cell) -> Timed:
         """The free table's pick: the fastest, unless the tactic the table holds comes within REPLACE_MARGIN."""
-        fastest = self.fastest(cell)
-        held = next((t for t in self.timed[cell] if t.tactic == self.held(cell)), None)
+        fastest, tactic = self.fastest(cell), self.held(cell)
+        held = next((t for t in self.timed[cell] if t.tactic == tactic), None)
         if held is not None and held.score <= fastest.score * (1 + REPLACE_MARGIN):
             return held
         return fastest
