@@ -53,14 +53,16 @@ def cache_dir():
 
 
 def writable_cache_dir():
-    """The cache directory when this process can create files in it, else None."""
+    """The cache directory when this process can create files in it and list them, else None."""
     directory = cache_dir()
     if directory is None:
         return None
     try:
         directory.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=directory):
-            return directory
+            pass
+        next(directory.iterdir(), None)  # lookups glob the directory: one it cannot list finds nothing stored
+        return directory
     except OSError:
         return None
 

@@ -144,6 +144,16 @@ def test_warmup_into_an_unwritable_cache_compiles_each_kernel_once(tmp_path, mon
     compile_projection.cache_clear()
 
 
+def test_a_cache_that_cannot_be_listed_is_not_writable(cache_dir, monkeypatch):
+    assert disk_cache.writable_cache_dir() == cache_dir
+
+    def refuse(path):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(type(cache_dir), "iterdir", refuse)
+    assert disk_cache.writable_cache_dir() is None
+
+
 def test_a_flipped_byte_is_never_loaded(cache_dir):
     cold = kernel_report(compile_projection(TACTIC, torch.bfloat16, "sm_90a")).sass
     (stored,) = cache_dir.glob("*.o")
