@@ -2,6 +2,7 @@
 
 import argparse
 import datetime
+import os
 import platform
 import sys
 from pathlib import Path
@@ -115,6 +116,9 @@ def bench(args):
         print(f"No Hopper GPU here: compiling the kernels the {args.policies} policies need for sm_90a.")
         print(compile_report(args.shape, args.batches, kinds, weight_dtype=weight_dtype, output_dtype=output_dtype))
         print("Timing needs a Hopper GPU (H100/H200); the kernels above compile and disassemble cleanly.")
+        unwritten = [f"--{option} {getattr(args, option)}" for option in ("csv", "json", "plot") if getattr(args, option)]
+        if unwritten:
+            print(f"Nothing timed, so nothing written for {', '.join(unwritten)}.")
         return 0
     import cutlass
 
@@ -244,17 +248,22 @@ def main(argv=None):
     if args.command == "tune" and args.update and not Path(args.out).is_file():
         parser.error(f"--update keeps the cells of --out, and there is no table at {args.out}")
     if args.command == "tune" and args.update:
-        from .tables import read_entries
+        from .tables import load_table
 
-        try:
-            read_entries(args.out)
+        try:  # every entry, as the run will write them back
+            load_table(args.out)
         except (OSError, ValueError) as error:
             parser.error(f"--update keeps the cells of --out, which is not a table: {error}")
     # Output paths are written after the run: refuse those that cannot be before it starts.
     for option in ("csv", "json", "plot", "out", "batch_invariant_out", "timings"):
         path = getattr(args, option, None)
+        flag = f"--{option.replace('_', '-')} {path}"
         if path and not Path(path).resolve().parent.is_dir():
-            parser.error(f"--{option.replace('_', '-')} {path}: no such directory")
+            parser.error(f"{flag}: no such directory")
+        if path and Path(path).is_dir():
+            parser.error(f"{flag}: is a directory")
+        if path and not os.access(Path(path).resolve().parent, os.W_OK):
+            parser.error(f"{flag}: its directory is not writable")
     args.shape = args.shape or list(KIMI_K3_SHAPES)
     if args.command == "tune" and args.invariant_order:
         if not args.batch_invariant_out:

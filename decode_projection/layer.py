@@ -77,11 +77,36 @@ def _(x, weight, handle, out_dtype):
     return x.new_empty(*x.shape[:-1], weight.shape[0], dtype=out_dtype)
 
 
+def default_output_dtype(weight_dtype: torch.dtype) -> torch.dtype:
+    """FP32 for an FP16 weight (the kernel writes BF16 or FP32), else the weight's own dtype."""
+    return torch.float32 if weight_dtype == torch.float16 else weight_dtype
+
+
+def check_arguments(weight, bias, output_dtype, batch_invariant, programmatic_launch):
+    """Raise a TypeError/ValueError naming what ProjectionLinear cannot take."""
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"ProjectionLinear weight must be a torch.Tensor, got {type(weight).__name__}")
+    if weight.dim() != 2:
+        raise ValueError(f"ProjectionLinear weight must be 2-D [N, K], got shape {tuple(weight.shape)}")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor):
+            raise TypeError(f"ProjectionLinear bias must be a torch.Tensor or None, got {type(bias).__name__}")
+        if tuple(bias.shape) != (weight.shape[0],) or bias.dtype != weight.dtype or bias.device != weight.device:
+            raise ValueError(f"ProjectionLinear bias must be ({weight.shape[0]},) {weight.dtype} on {weight.device} "
+                             f"like the weight, got {tuple(bias.shape)} {bias.dtype} on {bias.device}")
+    if output_dtype is not None and output_dtype not in OUTPUT_DTYPES:
+        raise ValueError(f"ProjectionLinear output dtype must be one of {list(OUTPUT_DTYPES)}, got {output_dtype}")
+    for name, flag in (("batch_invariant", batch_invariant), ("programmatic_launch", programmatic_launch)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"ProjectionLinear {name} must be a bool, got {flag!r}")
+
+
 class ProjectionLinear(nn.Module):
     """``y = x @ W^T (+ b)`` with the split-K decode kernel for the prepared padded batches.
 
     The output is BF16 for BF16 weights and FP32 for FP16 weights (the kernel
-    writes BF16 or FP32) unless ``output_dtype`` says otherwise; a bias is added
+    writes BF16 or FP32; other weights give their own dtype, as ``nn.Linear`` does,
+    also after ``.half()`` or ``.float()``) unless ``output_dtype`` says otherwise; a bias is added
     to the rounded output. On a GPU other than Hopper, or with a weight the kernel
     cannot take (``check_weight``), the layer is plain ``F.linear`` (``unsupported``
     says why). A fallback computes as ``F.linear`` in the weight's dtype, then
@@ -93,15 +118,14 @@ class ProjectionLinear(nn.Module):
     def __init__(self, weight, bias=None, *, batches=(1, 2, 4, 8, 16, 32, 64), output_dtype=None,
                  batch_invariant=False, programmatic_launch=True):
         super().__init__()
+        check_arguments(weight, bias, output_dtype, batch_invariant, programmatic_launch)
         self.weight = nn.Parameter(weight.detach(), requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         self.batches = tuple(batches)
         if not all(isinstance(batch, int) and batch >= 1 for batch in self.batches):
             raise ValueError(f"ProjectionLinear batches must be positive ints, got {self.batches}")
-        self.output_dtype = output_dtype or (weight.dtype if weight.dtype == torch.bfloat16 else torch.float32)
-        if self.output_dtype not in OUTPUT_DTYPES:
-            raise ValueError(f"ProjectionLinear output dtype must be one of {list(OUTPUT_DTYPES)}, "
-                             f"got {self.output_dtype}")
+        self.requested_output_dtype = output_dtype  # None: the weight's default, whatever dtype it is cast to
+        self.output_dtype = output_dtype or default_output_dtype(weight.dtype)
         self.batch_invariant = batch_invariant
         self.programmatic_launch = programmatic_launch
         self.fallbacks = Counter()
@@ -138,6 +162,7 @@ class ProjectionLinear(nn.Module):
             torch.cuda.synchronize(self.prepared.device)
         self.prepared, self.unsupported = None, None
         weight = self.weight
+        self.output_dtype = self.requested_output_dtype or default_output_dtype(weight.dtype)
         if weight.device.type != "cuda" or weight.dtype not in WEIGHT_DTYPES:
             return
         try:

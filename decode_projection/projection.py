@@ -16,6 +16,7 @@ import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+from torch.autograd.graph import increment_version
 
 from .disk_cache import cached_compile
 from .gpu import gpu_spec
@@ -39,7 +40,13 @@ def compile_projection(tactic, output_dtype, arch, weight_dtype=torch.bfloat16, 
     Backed by the persistent cache of ``disk_cache``, so a restart loads instead of compiling.
     ``programmatic_launch`` launches with programmatic dependent launch (SplitKGemm).
     """
-    return _compile(as_tactic(tactic), output_dtype, arch, weight_dtype, bool(programmatic_launch))
+    if weight_dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"projection weight dtype must be one of {list(WEIGHT_DTYPES)}, got {weight_dtype}")
+    if output_dtype not in OUTPUT_DTYPES:
+        raise ValueError(f"unsupported projection output dtype {output_dtype}")
+    if not isinstance(programmatic_launch, bool):
+        raise TypeError(f"programmatic_launch must be a bool, got {programmatic_launch!r}")
+    return _compile(as_tactic(tactic), output_dtype, arch, weight_dtype, programmatic_launch)
 
 
 def kernel_arguments(weight_dtype, output_dtype) -> tuple:
@@ -106,6 +113,7 @@ def weight_map(weight, rows, l2_promotion=cuda.CUtensorMapL2promotion.CU_TENSOR_
     """Device TMA map of ``weight`` [N, K] (row pitch kept): box {64, rows}, SW128, L2 promotion 128 B by default."""
     # 128 B, not 256 B: each box row is exactly 128 B, and the wider promotion streamed 2-8% slower
     # on the H200 with the same DRAM bytes (docs/measurements/2026-12-02-l2-promotion-h200.txt).
+    check_weight(weight)
     types = cuda.CUtensorMapDataType
     dtype = {
         torch.bfloat16: types.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
@@ -196,27 +204,33 @@ class PreparedProjection:
     """
 
     def __init__(self, weight, policies, *, output_dtype=torch.bfloat16, programmatic_launch=True):
-        check_weight(weight)
-        if output_dtype not in OUTPUT_DTYPES:
-            raise ValueError(f"unsupported projection output dtype {output_dtype}")
-        if not isinstance(programmatic_launch, bool):
-            raise TypeError(f"programmatic_launch must be a bool, got {programmatic_launch!r}")
-        self.weight, self.device = weight, weight.device
-        self.output_dtype = output_dtype
-        self.programmatic_launch = programmatic_launch
-        self.policies = {}
-        for batch, tactic in dict(policies).items():
-            if not isinstance(batch, int) or batch < 1:
+        self.weight, self.output_dtype, self.programmatic_launch = weight, output_dtype, programmatic_launch
+        self.policies = policies
+        self._validate()
+        self.device = weight.device
+        self.kernels, self.extra, self.maps = {}, {}, {}
+        self.policy_sources = dict.fromkeys(self.policies, "given")
+        self._prepared_storage = None
+
+    def _validate(self):
+        """Raise unless the kernel takes the weight, output dtype, launch flag and policies; ``policies`` become
+        ``{batch: SplitKTactic}``. Run again by ``prepare``: any of them may have been replaced since."""
+        check_weight(self.weight)
+        if self.output_dtype not in OUTPUT_DTYPES:
+            raise ValueError(f"unsupported projection output dtype {self.output_dtype}")
+        if not isinstance(self.programmatic_launch, bool):
+            raise TypeError(f"programmatic_launch must be a bool, got {self.programmatic_launch!r}")
+        policies = {}
+        for batch, tactic in dict(self.policies).items():
+            if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
                 raise ValueError(f"policy batch must be a positive int, got {batch!r}")
             tactic = as_tactic(tactic)
             m_tiles = tactic.grid_rows(batch)
             if m_tiles > MOST_GRID_ROWS:
                 raise ValueError(f"policy batch {batch} needs {m_tiles} activation tiles of {tactic.activation_rows} "
                                  f"rows, more than a launch's {MOST_GRID_ROWS}")
-            self.policies[batch] = tactic
-        self.kernels, self.extra, self.maps = {}, {}, {}
-        self.policy_sources = dict.fromkeys(self.policies, "given")
-        self._prepared_storage = None
+            policies[batch] = tactic
+        self.policies = policies
 
     @classmethod
     def for_weight(cls, weight, batches=(1, 2, 4, 8, 16, 32, 64), *, output_dtype=torch.bfloat16,
@@ -240,18 +254,20 @@ class PreparedProjection:
     def prepare(self):
         """Compile (or fetch) each batch's kernel and build the weight's device TMA maps, all or nothing.
 
-        A re-prepare (after ``weight`` or ``policies`` changed) replaces every kernel and map; CUDA graphs
-        captured before it hold the old maps' addresses and must be captured again.
+        A re-prepare (after ``weight`` or ``policies`` changed) checks them as the constructor does and replaces
+        every kernel and map; CUDA graphs captured before it hold the old maps' addresses and must be captured again.
         """
-        arch, dtype = architecture(self.device), self.output_dtype
         # Until this prepare completes, run() refuses: the kernels and maps of an earlier one must never
         # launch with descriptors this one frees, nor for batches it no longer holds.
         self._prepared_storage = None
+        self._validate()
         if self.maps:
             # Launches on any stream may still read the old descriptors; the caching allocator would hand
             # their memory to the next allocation on the stream they were made on.
             torch.cuda.synchronize(self.device)
         self.kernels, self.extra, self.maps = {}, {}, {}
+        self.device = self.weight.device
+        arch, dtype = architecture(self.device), self.output_dtype
         kernels, extra = {}, {}
         with torch.cuda.device(self.device):
             for batch, tactic in self.policies.items():
@@ -340,4 +356,6 @@ class PreparedProjection:
         else:
             with torch.cuda.device(self.device):
                 code(*args)
+        # An in-place write autograd cannot see: a backward that saved ``out`` before this now fails loudly.
+        increment_version(out)
         return out

@@ -118,9 +118,22 @@ def test_an_unreadable_saved_run_is_an_error_not_a_traceback(capsys, tmp_path):
         assert "cannot read a saved run" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("text", ["not json", "[1]", '{"format": 1}', '{"format": 1, "entries": {}}'])
+@pytest.mark.parametrize("text", ["not json", "[1]", '{"format": 1}', '{"format": 1, "entries": {}}',
+                                  '{"format": 1, "entries": [1]}', '{"format": 1, "entries": [{"n": 1}]}'])
 def test_tune_update_refuses_an_out_that_is_not_a_table(text, no_gpu, tmp_path, capsys):
     (tmp_path / "t.json").write_text(text)
     with pytest.raises(SystemExit) as exit_info:
         main(["tune", "--out", str(tmp_path / "t.json"), "--update"])
     assert exit_info.value.code == 2 and "which is not a table" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option", ["--csv", "--json", "--plot"])
+def test_an_output_path_that_is_a_directory_is_refused_before_the_run(option, no_gpu, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--shape", "2304x1536", option, str(tmp_path)])
+    assert exit_info.value.code == 2 and "is a directory" in capsys.readouterr().err
+
+
+def test_bench_without_gpu_says_its_output_files_were_not_written(no_gpu, capsys, tmp_path):
+    assert main(["bench", "--shape", "2304x1536", "--batches", "1", "--json", str(tmp_path / "run.json")]) == 0
+    assert "nothing written for --json" in capsys.readouterr().out and not (tmp_path / "run.json").exists()

@@ -66,6 +66,30 @@ def test_bad_configuration_is_refused_at_construction():
         ProjectionLinear(weight, output_dtype=torch.float16)
     with pytest.raises(ValueError, match="positive ints"):
         ProjectionLinear(weight, batches=(0, 4))
+    with pytest.raises(TypeError, match="torch.Tensor, got list"):
+        ProjectionLinear([[1.0] * 64] * 48)
+    with pytest.raises(ValueError, match=r"2-D \[N, K\], got shape \(48,\)"):
+        ProjectionLinear(torch.randn(48, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="bias must be a torch.Tensor"):
+        ProjectionLinear(weight, [0.0] * 48)
+    for bias in (torch.zeros(47, dtype=torch.bfloat16), torch.zeros(48)):
+        with pytest.raises(ValueError, match=r"bias must be \(48,\) torch.bfloat16"):
+            ProjectionLinear(weight, bias)
+    with pytest.raises(TypeError, match="programmatic_launch must be a bool"):
+        ProjectionLinear(weight, programmatic_launch="no")
+    with pytest.raises(TypeError, match="batch_invariant must be a bool"):
+        ProjectionLinear(weight, batch_invariant=1)
+
+
+def test_a_cast_layer_returns_what_nn_linear_would():
+    linear = torch.nn.Linear(64, 48, dtype=torch.bfloat16)
+    layer = ProjectionLinear.from_linear(linear)
+    x = torch.randn(4, 64)
+    assert layer.float()(x).dtype == linear.float()(x).dtype == torch.float32
+    assert layer.half().output_dtype == torch.float32  # the kernel writes FP32 for FP16 weights
+    assert layer.bfloat16()(x.bfloat16()).dtype == torch.bfloat16
+    chosen = ProjectionLinear(torch.randn(48, 64, dtype=torch.bfloat16), output_dtype=torch.float32)
+    assert chosen.half().output_dtype == torch.float32 and chosen.bfloat16().output_dtype == torch.float32
 
 
 def test_a_weight_the_kernel_cannot_take_falls_back_with_the_reason(monkeypatch):

@@ -167,6 +167,57 @@ def test_overlap_is_exact_for_equally_pitched_rows():
     assert projection._overlaps(x_and_out[:, :513], x_and_out[:, 512:])
 
 
+def test_reprepare_checks_what_was_replaced_as_the_constructor_does(prepared):
+    x, out = torch.randn(4, 512, dtype=torch.bfloat16), torch.empty(4, 256, dtype=torch.bfloat16)
+    strided = torch.randn(256, 1024, dtype=torch.bfloat16)[:, ::2]  # columns two elements apart
+    for attribute, value, error, message in [
+        ("weight", strided, ValueError, "unit stride"),
+        ("weight", torch.randn(256, 512), ValueError, "torch.float32"),
+        ("policies", {0: TACTIC}, ValueError, "positive int"),
+        ("policies", {65535 * 8 + 1: (64, 8, 1, 4)}, ValueError, "activation tiles"),
+        ("output_dtype", torch.float16, ValueError, "output dtype"),
+        ("programmatic_launch", "no", TypeError, "must be a bool"),
+    ]:
+        kept = getattr(prepared, attribute)
+        setattr(prepared, attribute, value)
+        with pytest.raises(error, match=message):
+            prepared.prepare()
+        setattr(prepared, attribute, kept)
+        # A refused re-prepare leaves nothing to launch, as a failed one does.
+        with pytest.raises(ValueError, match="not prepared"):
+            prepared.run(x, out)
+        prepared.prepare()
+
+
+def test_reprepare_follows_the_weight_to_its_device(prepared):
+    moved = torch.randn(256, 512, dtype=torch.bfloat16, device="meta")
+    prepared.weight = moved
+    with pytest.raises(ValueError, match="several GPUs"):  # the kernels are claimed for the new weight's device
+        prepared.prepare()
+    assert prepared.device == moved.device
+
+
+def test_a_run_tells_autograd_that_it_wrote_the_output(prepared, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
+    monkeypatch.setattr(projection, "current_stream", lambda device: None)
+    prepared.kernels = {batch: (lambda *args: None) for batch in prepared.kernels}
+    x, out = torch.randn(4, 512, dtype=torch.bfloat16), torch.empty(4, 256, dtype=torch.bfloat16)
+    version = out._version
+    prepared.run(x, out)
+    assert out._version > version  # a backward that saved ``out`` before the write fails instead of using it
+
+
+def test_public_compile_and_map_name_what_they_cannot_take():
+    with pytest.raises(ValueError, match="weight dtype"):
+        compile_projection(TACTIC, torch.bfloat16, "sm_90a", torch.float32)
+    with pytest.raises(ValueError, match="output dtype"):
+        compile_projection(TACTIC, torch.float16, "sm_90a")
+    with pytest.raises(TypeError, match="must be a bool"):
+        compile_projection(TACTIC, torch.bfloat16, "sm_90a", torch.bfloat16, "no")
+    with pytest.raises(ValueError, match="torch.float32"):
+        projection.weight_map(torch.zeros(8, 16), 8)
+
+
 def test_reprepare_drops_the_batches_its_policies_no_longer_hold(prepared):
     prepared.policies = {4: TACTIC}
     prepared.prepare()
