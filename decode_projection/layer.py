@@ -106,7 +106,7 @@ class ProjectionLinear(nn.Module):
 
     The output is BF16 for BF16 weights and FP32 for FP16 weights (the kernel
     writes BF16 or FP32; other weights give their own dtype, as ``nn.Linear`` does,
-    also after ``.half()`` or ``.float()``) unless ``output_dtype`` says otherwise; a bias is added
+    also after a cast such as ``.half()`` or ``.float()``) unless ``output_dtype`` says otherwise; a bias is added
     to the rounded output. On a GPU other than Hopper, or with a weight the kernel
     cannot take (``check_weight``), the layer is plain ``F.linear`` (``unsupported``
     says why). A fallback computes as ``F.linear`` in the weight's dtype, then
@@ -146,6 +146,7 @@ class ProjectionLinear(nn.Module):
         return state
 
     def __setstate__(self, state):
+        state.setdefault("requested_output_dtype", state["output_dtype"])  # pickled before it was kept apart
         self.__dict__.update(state)
         self._register()
         self.prepare()
@@ -162,7 +163,6 @@ class ProjectionLinear(nn.Module):
             torch.cuda.synchronize(self.prepared.device)
         self.prepared, self.unsupported = None, None
         weight = self.weight
-        self.output_dtype = self.requested_output_dtype or default_output_dtype(weight.dtype)
         if weight.device.type != "cuda" or weight.dtype not in WEIGHT_DTYPES:
             return
         try:
@@ -180,8 +180,12 @@ class ProjectionLinear(nn.Module):
             self.unsupported = str(error)
 
     def _apply(self, fn, *args, **kwargs):
-        """Moving or casting the module re-prepares the projection for the new weight."""
+        """Moving or casting the module re-prepares the projection for the new weight; a cast takes a default
+        output dtype along. (A weight replaced in place keeps the output dtype: the custom op has allocated it.)"""
+        dtype = self.weight.dtype
         result = super()._apply(fn, *args, **kwargs)
+        if self.weight.dtype != dtype and self.requested_output_dtype is None:
+            self.output_dtype = default_output_dtype(self.weight.dtype)
         self.prepare()
         return result
 

@@ -90,6 +90,19 @@ def test_a_cast_layer_returns_what_nn_linear_would():
     assert layer.bfloat16()(x.bfloat16()).dtype == torch.bfloat16
     chosen = ProjectionLinear(torch.randn(48, 64, dtype=torch.bfloat16), output_dtype=torch.float32)
     assert chosen.half().output_dtype == torch.float32 and chosen.bfloat16().output_dtype == torch.float32
+    # A weight replaced in place keeps the output dtype: the custom op has allocated its output before it re-prepares.
+    layer.weight.data = torch.randn(48, 64, dtype=torch.float16)
+    layer.prepare()
+    assert layer.output_dtype == torch.bfloat16
+
+
+def test_a_layer_pickled_before_the_requested_output_dtype_was_kept_still_loads():
+    layer = ProjectionLinear(torch.randn(48, 64, dtype=torch.bfloat16), output_dtype=torch.float32)
+    state = layer.__getstate__()
+    del state["requested_output_dtype"]
+    loaded = ProjectionLinear.__new__(ProjectionLinear)
+    loaded.__setstate__(state)
+    assert loaded.half().output_dtype == torch.float32  # taken as asked for, as it was before
 
 
 def test_a_weight_the_kernel_cannot_take_falls_back_with_the_reason(monkeypatch):
