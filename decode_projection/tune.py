@@ -242,9 +242,15 @@ class Tuner:
 
     def run_pass(self, candidates, description, done=None):
         """Time ``candidates`` ({(n, k, batch): [tactic]}) shape by shape, writing everything after each."""
-        # Every candidate compiled up front, in parallel, so timing never waits on the compiler.
-        compile_all((t, self.kinds["output_dtype"], self.arch, self.kinds["weight_dtype"])
-                    for found in candidates.values() for t in found)
+        # Every candidate compiled up front, in parallel, so timing never waits on the compiler. One that does not
+        # compile is left out with a warning (a wrong result still stops the tune: ShapeTimer checks each one).
+        failed = {}
+        compile_all(((t, self.kinds["output_dtype"], self.arch, self.kinds["weight_dtype"])
+                     for found in candidates.values() for t in found), failed=failed)
+        for job, error in failed.items():
+            print(f"warning: {job[0]} does not compile, left out of the tune: {type(error).__name__}: {error}")
+        broken = {job[0] for job in failed}
+        candidates = {cell: [t for t in found if t not in broken] for cell, found in candidates.items()}
         with tqdm(total=sum(map(len, candidates.values())), desc=description, unit="tactic") as progress:
             for n, k in self.shapes:
                 # The invariant pass may find every candidate of the chosen order timed already at a cell.
@@ -359,6 +365,9 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
 
     tuner.run_pass({(n, k, b): free_candidates(n, k, b, gpu, limit=limit, incumbents=incumbents, kinds=tuner.kinds)
                     for n, k, b in cells}, "tune")
+    untimed = [f"{n}x{k} M={b}" for n, k, b in cells if not tuner.timed.get((n, k, b))]
+    if untimed:
+        raise RuntimeError(f"no candidate compiled for {', '.join(untimed)}: nothing to choose from there")
     if invariant_limit is not None:
         # An order can only be shared if it was timed at every batch: give each order that won a streaming batch
         # a chance where the free candidates did not time it (6288 x 7168's 48-row orders won every batch up to

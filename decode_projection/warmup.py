@@ -26,12 +26,16 @@ MOST_WORKERS = 16  # by default: each worker imports torch and the DSL, and 16 a
 
 def _compile_one(job):
     """Worker: compile one kernel into the persistent cache."""
-    compile_projection(*job)
+    try:
+        compile_projection(*job)
+    except Exception:  # compiled again in compile_all, which raises or records the error: a DSL exception
+        pass  # need not pickle back to that process, and raising here would stop the pool's other kernels
 
 
-def compile_all(jobs, *, workers=None, progress=True) -> int:
+def compile_all(jobs, *, workers=None, progress=True, failed=None) -> int:
     """Compile every ``(tactic, output dtype, arch, weight dtype[, programmatic launch])`` job, in parallel
-    where a disk cache lets workers hand kernels over, and load them into this process; returns the count."""
+    where a disk cache lets workers hand kernels over, and load them into this process; returns how many loaded.
+    A kernel that does not compile raises, or with ``failed`` (a dict) is recorded there as {job: error}."""
     jobs = sorted(set(jobs), key=str)
     workers = min(len(jobs), workers or min(os.cpu_count() or 1, MOST_WORKERS))
     if workers > 1 and writable_cache_dir() is not None:
@@ -39,6 +43,14 @@ def compile_all(jobs, *, workers=None, progress=True) -> int:
             for _ in tqdm(pool.map(_compile_one, jobs), total=len(jobs), disable=not progress,
                           desc=f"compile ({workers} processes)", unit="kernel"):
                 pass
+    loaded = 0
     for job in tqdm(jobs, disable=not progress, desc="load", unit="kernel"):
-        compile_projection(*job)
-    return len(jobs)
+        try:
+            compile_projection(*job)
+        except Exception as error:  # whatever the compiler raised, for the caller to report
+            if failed is None:
+                raise
+            failed[job] = error
+        else:
+            loaded += 1
+    return loaded

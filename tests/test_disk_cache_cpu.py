@@ -154,6 +154,17 @@ def test_a_cache_that_cannot_be_listed_is_not_writable(cache_dir, monkeypatch):
     assert disk_cache.writable_cache_dir() is None
 
 
+def test_a_kernel_that_does_not_compile_is_raised_or_recorded(cache_dir):
+    good = (SplitKTactic(64, 16, 1, 4), torch.bfloat16, "sm_90a", torch.bfloat16)
+    bad = (SplitKTactic(64, 16, 2, 4), torch.float16, "sm_90a", torch.bfloat16)  # the kernel writes no FP16
+    with pytest.raises(ValueError, match="output dtype"):
+        warmup.compile_all([good, bad], workers=1, progress=False)
+    failed = {}
+    # Through worker processes too: a worker's failure neither stops the others nor needs to pickle.
+    assert warmup.compile_all([good, bad], workers=2, progress=False, failed=failed) == 1
+    assert list(failed) == [bad] and isinstance(failed[bad], ValueError)
+
+
 def test_a_flipped_byte_is_never_loaded(cache_dir):
     cold = kernel_report(compile_projection(TACTIC, torch.bfloat16, "sm_90a")).sass
     (stored,) = cache_dir.glob("*.o")

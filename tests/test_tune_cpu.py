@@ -49,7 +49,7 @@ class FakeClockLog:
 def fake_gpu(monkeypatch):
     """The tuner with FakeTimer, no compiling, and an H200 as the current device."""
     monkeypatch.setattr(tuning, "ShapeTimer", FakeTimer)
-    monkeypatch.setattr(tuning, "compile_all", lambda jobs: list(jobs))
+    monkeypatch.setattr(tuning, "compile_all", lambda jobs, failed: len(list(jobs)))
     monkeypatch.setattr(tuning, "architecture", lambda device: "sm_90a")
     monkeypatch.setattr(tuning, "gpu_spec", lambda device=None, **measure: H200)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -85,6 +85,26 @@ def test_without_an_invariant_limit_only_the_free_table_is_written(fake_gpu, tmp
                                      invariant_out_path=tmp_path / "invariant.json")
     assert len(entries) == 2 and invariant == []
     assert (tmp_path / "free.json").exists() and not (tmp_path / "invariant.json").exists()
+
+
+def test_a_candidate_that_does_not_compile_is_left_out_with_a_warning(fake_gpu, monkeypatch, tmp_path, capsys):
+    broken, working = SplitKTactic(64, 8, 1, 12), SplitKTactic(128, 8, 1, 13)
+    monkeypatch.setattr(tuning, "candidate_tactics", lambda *args, **kwargs: [broken, working])
+
+    def compile_all(jobs, failed):
+        for job in jobs:
+            if job[0] == broken:
+                failed[job] = RuntimeError("ptxas: out of registers")
+
+    monkeypatch.setattr(tuning, "compile_all", compile_all)
+    tuning.tune([(1536, 128)], [1, 8], limit=2, timings_path=tmp_path / "timings.json")
+    assert f"warning: {broken} does not compile, left out of the tune: RuntimeError" in capsys.readouterr().out
+    timed = {tuple(t[0]) for row in json.loads((tmp_path / "timings.json").read_text()) for t in row["timed"]}
+    assert dataclasses.astuple(working) in timed and dataclasses.astuple(broken) not in timed
+    # A cell left with nothing to time stops the tune, naming it.
+    monkeypatch.setattr(tuning, "candidate_tactics", lambda *args, **kwargs: [broken])
+    with pytest.raises(RuntimeError, match="no candidate compiled for 1536x128 M=1, 1536x128 M=8"):
+        tuning.tune([(1536, 128)], [1, 8], limit=1)
 
 
 def test_an_update_replaces_only_the_tuned_cells(fake_gpu, tmp_path):
