@@ -659,8 +659,8 @@ class SplitKGemm:
             vector = tuple(bits[g * width + j] for j in range(width))
             if cutlass.const_expr(t.keeps_own_partials):
                 if g % t.split != rank:
-                    peer_slot = (rank + t.split - g % t.split - 1) % t.split
-                    self.send_partial(vector, buffer, slot((0, tidx, g // t.split, peer_slot)), arrived, g, sharer)
+                    target = slot((0, tidx, g // t.split, t.reduction_slot(rank, g % t.split)))
+                    self.send_partial(vector, buffer, target, arrived, g, sharer)
             else:
                 self.send_partial(vector, buffer, slot((0, tidx, g // t.split, rank)), arrived, g, sharer)
         cute.arch.mbarrier_wait(arrived, 0)
@@ -679,8 +679,7 @@ class SplitKGemm:
                     if cutlass.const_expr(t.keeps_own_partials and s == own):
                         part = [acc[g * width + j] for j in range(width)]
                     else:
-                        index = (s - own - 1) % t.split if t.keeps_own_partials else s
-                        peer = sums[None, tidx, g // t.split, index].load()
+                        peer = sums[None, tidx, g // t.split, t.reduction_slot(s, own)].load()
                         part = [peer[j] for j in range(width)]
                     total = part if total is None else [a + b for a, b in zip(total, part)]
                 for j in cutlass.range_constexpr(width):

@@ -228,6 +228,13 @@ class SplitKTactic:
         """Slots of partials an owner receives per vector: one per peer, and its own where it does not keep them."""
         return self.split - self.keeps_own_partials
 
+    def reduction_slot(self, sender, owner):
+        """The slot of the owner's buffer that ``sender``'s partials of a vector owned by ``owner`` land in (ranks,
+        Python or kernel integers): each peer in turn after the owner where it keeps its own, else each rank's own."""
+        if self.keeps_own_partials:
+            return (sender + self.split - owner - 1) % self.split  # never negative: a kernel integer keeps the sign
+        return sender
+
     @property
     def reduction_bytes(self) -> int:
         """Shared memory the split-K reduction needs: its own (``reduction_buffered``) or the drained pipeline

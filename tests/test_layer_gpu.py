@@ -13,10 +13,11 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture(autouse=True)
 def poisoned_allocations():
     """Every ``torch.empty`` starts as NaN, the layer's own outputs included: a row the kernel skips shows."""
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     torch.use_deterministic_algorithms(True, warn_only=True)  # fills uninitialized memory; warns, never refuses
     assert torch.isnan(torch.empty(4, device="cuda", dtype=torch.bfloat16)).all()
     yield
-    torch.use_deterministic_algorithms(False)
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
 class TwoLayers(nn.Module):

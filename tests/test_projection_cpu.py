@@ -452,3 +452,13 @@ def test_register_handover_stays_within_what_the_cta_holds(tactic):
     # Per SM quarter: one warp of every warpgroup, each thread holding the launch's registers.
     held_per_lane = math.ceil(tactic.threads / 128) * report.registers
     assert PRODUCER_REGISTERS + tactic.consumer_groups * tactic.consumer_registers <= held_per_lane
+
+
+@pytest.mark.parametrize("split", range(2, 9))
+def test_each_peer_has_a_reduction_slot_of_its_own(split):
+    keeping, sending = SplitKTactic(64, 64, split, 4), SplitKTactic(192, 192, split, 2)
+    assert keeping.keeps_own_partials and not sending.keeps_own_partials
+    for owner in range(split):
+        peers = [keeping.reduction_slot(sender, owner) for sender in range(split) if sender != owner]
+        assert sorted(peers) == list(range(keeping.reduction_slots))
+        assert [sending.reduction_slot(sender, owner) for sender in range(split)] == list(range(sending.reduction_slots))
