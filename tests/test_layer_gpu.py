@@ -40,6 +40,16 @@ def test_matches_linear_for_any_leading_shape():
     assert_close_to_reference(out.reshape(8, -1), x.reshape(8, -1), layer.weight, label="layer")
 
 
+def test_runs_under_inference_mode():
+    """Engines decode under torch.inference_mode(): the layer's output is then an inference tensor."""
+    layer = ProjectionLinear(torch.randn(2304, 1536, device="cuda", dtype=torch.bfloat16), batches=(4,))
+    x = torch.randn(4, 1536, device="cuda", dtype=torch.bfloat16)
+    with torch.inference_mode():
+        out = layer(x)
+    assert out.is_inference() and not layer.fallbacks
+    assert_close_to_reference(out, x, layer.weight, label="inference mode")
+
+
 def test_unprepared_batch_falls_back_and_is_counted():
     layer = ProjectionLinear(torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16), batches=(1, 8))
     x = torch.randn(5, 1024, device="cuda", dtype=torch.bfloat16)

@@ -462,3 +462,16 @@ def test_each_peer_has_a_reduction_slot_of_its_own(split):
         peers = [keeping.reduction_slot(sender, owner) for sender in range(split) if sender != owner]
         assert sorted(peers) == list(range(keeping.reduction_slots))
         assert [sending.reduction_slot(sender, owner) for sender in range(split)] == list(range(sending.reduction_slots))
+
+
+def test_run_under_inference_mode(prepared, monkeypatch):
+    """Engines decode under torch.inference_mode(): run() takes inference tensors and bumps no version of theirs."""
+    monkeypatch.setattr(projection, "current_stream", lambda device: 0)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: prepared.device.index)
+    launched = []
+    prepared.kernels[4] = lambda *args: launched.append(args)
+    with torch.inference_mode():
+        x = torch.randn(4, 512, dtype=torch.bfloat16)
+        out = torch.empty(4, 256, dtype=torch.bfloat16)
+        assert prepared.run(x, out) is out and out.is_inference()
+    assert len(launched) == 1
