@@ -42,11 +42,16 @@ def compile_projection(tactic, output_dtype, arch, weight_dtype=torch.bfloat16, 
     """
     if weight_dtype not in WEIGHT_DTYPES:
         raise ValueError(f"projection weight dtype must be one of {list(WEIGHT_DTYPES)}, got {weight_dtype}")
+    check_launch_options(output_dtype, programmatic_launch)
+    return _compile(as_tactic(tactic), output_dtype, arch, weight_dtype, programmatic_launch)
+
+
+def check_launch_options(output_dtype, programmatic_launch):
+    """Raise a ValueError/TypeError unless the kernel writes ``output_dtype`` and ``programmatic_launch`` is a bool."""
     if output_dtype not in OUTPUT_DTYPES:
         raise ValueError(f"unsupported projection output dtype {output_dtype}")
     if not isinstance(programmatic_launch, bool):
         raise TypeError(f"programmatic_launch must be a bool, got {programmatic_launch!r}")
-    return _compile(as_tactic(tactic), output_dtype, arch, weight_dtype, programmatic_launch)
 
 
 def kernel_arguments(weight_dtype, output_dtype) -> tuple:
@@ -221,10 +226,7 @@ class PreparedProjection:
         """Raise unless the kernel takes the weight, output dtype, launch flag and policies; ``policies`` become
         ``{batch: SplitKTactic}``. Run again by ``prepare``: any of them may have been replaced since."""
         check_weight(self.weight)
-        if self.output_dtype not in OUTPUT_DTYPES:
-            raise ValueError(f"unsupported projection output dtype {self.output_dtype}")
-        if not isinstance(self.programmatic_launch, bool):
-            raise TypeError(f"programmatic_launch must be a bool, got {self.programmatic_launch!r}")
+        check_launch_options(self.output_dtype, self.programmatic_launch)
         policies = {}
         for batch, tactic in dict(self.policies).items():
             if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
