@@ -4,34 +4,47 @@ import pytest
 import torch
 
 from decode_projection import PreparedProjection, SplitKTactic
-from decode_projection.bench import kernel_jobs, run_benchmark
+from decode_projection.bench import run_benchmark
 from decode_projection.checks import assert_close_to_reference
+from decode_projection.gpu import gpu_spec
 from decode_projection.report import format_tables
 from decode_projection.runtime import architecture
 from decode_projection.tables import load_table
 from decode_projection.tune import tune
 from decode_projection.warmup import compile_all
-from decode_projection.workload import DECODE_BATCHES, KIMI_K3_SHAPES
+from decode_projection.workload import KIMI_K3_SHAPES
+
+from .shipped_tables import gpu_id, resolved_on, shipped_gpus
 
 pytestmark = pytest.mark.gpu
 
 
+EVERY_BATCH = range(1, 257)
+
+
+def invariant_policies(gpu, n, k) -> dict:
+    """``{batch: tactic}`` at every batch as the batch-invariant table of ``gpu`` resolves them."""
+    return resolved_on(gpu, n, k, EVERY_BATCH, batch_invariant=True)[0]
+
+
 @pytest.fixture(scope="module")
 def invariant_kernels():
-    """The batch-invariant table's kernels, compiled in parallel up front (one by one, compiling took most of
+    """The batch-invariant tables' kernels, compiled in parallel up front (one by one, compiling took most of
     the invariance tests' 200 s on the H200)."""
-    device = torch.device("cuda", torch.cuda.current_device())
-    compile_all(kernel_jobs(KIMI_K3_SHAPES, DECODE_BATCHES, ["batch-invariant"], device, architecture(device),
-                            torch.bfloat16, torch.bfloat16), progress=False)
+    arch = architecture(torch.device("cuda", torch.cuda.current_device()))
+    compile_all({(tactic, torch.bfloat16, arch, torch.bfloat16)
+                 for gpu in shipped_gpus() for n, k in KIMI_K3_SHAPES
+                 for tactic in invariant_policies(gpu, n, k).values()}, progress=False)
 
 
 @pytest.mark.usefixtures("invariant_kernels")
 @pytest.mark.parametrize("shape", list(KIMI_K3_SHAPES), ids=lambda s: f"{s[0]}x{s[1]}")
-def test_batch_invariant_rows_do_not_depend_on_the_batch(shape):
+@pytest.mark.parametrize("gpu", shipped_gpus(), ids=gpu_id)
+def test_batch_invariant_rows_do_not_depend_on_the_batch(gpu, shape):
     n, k = shape
     weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(256, k, device="cuda", dtype=torch.bfloat16)
-    projection = PreparedProjection.for_weight(weight, batches=range(1, 257), batch_invariant=True)
+    projection = PreparedProjection(weight, invariant_policies(gpu, n, k)).prepare()
     assert len({t.summation_order for t in projection.policies.values()}) == 1
     alone = torch.empty(256, n, device="cuda", dtype=torch.bfloat16)
     for row in range(256):
@@ -82,8 +95,10 @@ def test_padded_and_folded_tiles_sum_in_the_order_of_whole_tiles(tactics):
 def test_for_weight_picks_table_or_heuristic_and_is_correct():
     weight = torch.randn(2112, 7168, device="cuda", dtype=torch.bfloat16)
     projection = PreparedProjection.for_weight(weight, batches=(1, 5, 64))
-    assert set(projection.policy_sources) == {1, 5, 64}
-    assert set(projection.policy_sources.values()) <= {"table", "heuristic"}
+    spec = gpu_spec(weight.device)
+    # A shipped table for this GPU holds 1 and 64, never 5; without one, every batch is the heuristic's.
+    tuned = "table" if (spec.name, spec.sm_count) in shipped_gpus() else "heuristic"
+    assert projection.policy_sources == {1: tuned, 5: "heuristic", 64: tuned}
     for batch in (1, 5, 64):
         x = torch.randn(batch, 7168, device="cuda", dtype=torch.bfloat16)
         out = projection.run(x, torch.full((batch, 2112), float("nan"), device="cuda", dtype=torch.bfloat16))

@@ -46,6 +46,32 @@ def test_speed_bars_judge_several_runs_on_each_cells_medians():
     assert sorted(c["us"] for c in mixed) == [8.0, 9.0]
 
 
+def write_bench(path, gpu, cells):
+    path.write_text(json.dumps({"meta": {"gpu": gpu}, "cells": cells}))
+    return str(path)
+
+
+def test_speed_bars_judge_bars_1_and_3_only_on_the_h200(tmp_path, monkeypatch, capsys):
+    bars = load_script("speed_bars")
+    # Slower than bar 1's 8.9 us and under bar 3's 4.2 TB/s, yet faster than torch.matmul: bars 1 and 3 only.
+    cells = [cell(2112, 7168, 1, 10.0, 14.0), cell(20480, 7168, 1, 90.0, 130.0)]
+    h200 = write_bench(tmp_path / "h200.json", "NVIDIA H200", cells)
+    h100 = write_bench(tmp_path / "h100.json", "NVIDIA H100 80GB HBM3", cells)
+    monkeypatch.setattr("sys.argv", ["speed_bars", h200])
+    assert bars.main() == 1
+    assert "bar 1: 2 cells, bar 2: 0 cells, bar 3: 1 cells, bar 4: 0 cells" in capsys.readouterr().out
+    monkeypatch.setattr("sys.argv", ["speed_bars", h100])
+    assert bars.main() == 0
+    out = capsys.readouterr().out
+    assert "these runs are on NVIDIA H100 80GB HBM3: not judged" in out
+    assert "misses bar 2: 0 cells, bar 4: 0 cells" in out and "bar 1" not in out.split("not judged")[1]
+    # The medians of two GPUs' runs would mean nothing.
+    monkeypatch.setattr("sys.argv", ["speed_bars", h200, h100])
+    with pytest.raises(SystemExit):
+        bars.main()
+    assert "different GPUs" in capsys.readouterr().err
+
+
 def test_batch_invariant_allowance_is_ten_percent_over_tuned_per_cell():
     bars = load_script("speed_bars")
     cells = [cell(3072, 7168, 4, 12.0, 15.0), cell(3072, 7168, 4, 13.4, 15.0, "batch-invariant"),

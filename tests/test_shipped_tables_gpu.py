@@ -1,4 +1,4 @@
-"""GPU test of what users run: every tactic of both shipped tables at its own shape and batch.
+"""GPU test of what users run: every tactic of the shipped tables at its own shape and batch, on any Hopper GPU.
 
 Runs with the tactic grid under pytest-xdist in scripts/gpu-check: most of its time is compiling.
 """
@@ -11,18 +11,21 @@ from decode_projection.checks import assert_close_to_reference
 from decode_projection.workload import DECODE_BATCHES, KIMI_K3_SHAPES
 
 from .guarded_output import run_guarded
+from .shipped_tables import gpu_id, resolved_on, shipped_gpus
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("batch_invariant", [False, True], ids=["free", "batch-invariant"])
 @pytest.mark.parametrize("shape", list(KIMI_K3_SHAPES), ids=lambda s: f"{s[0]}x{s[1]}")
-def test_every_shipped_tactic_on_its_own_cell(shape, batch_invariant):
+@pytest.mark.parametrize("gpu", shipped_gpus(), ids=gpu_id)
+def test_every_shipped_tactic_on_its_own_cell(gpu, shape, batch_invariant):
     """Each shipped table's tactic at its own shape and batch, into a guarded output, against float64."""
     n, k = shape
     weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-    projection = PreparedProjection.for_weight(weight, batches=DECODE_BATCHES, batch_invariant=batch_invariant)
-    assert set(projection.policy_sources.values()) == {"table"}
+    policies, sources = resolved_on(gpu, n, k, DECODE_BATCHES, batch_invariant=batch_invariant)
+    assert set(sources.values()) == {"table"}
+    projection = PreparedProjection(weight, policies).prepare()
     for batch in DECODE_BATCHES:
         x = torch.randn(batch, k, device="cuda", dtype=torch.bfloat16)
         out = run_guarded(projection, x, n, torch.bfloat16)
