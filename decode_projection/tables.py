@@ -2,12 +2,15 @@
 
 A table is only used when it was measured on the same GPU (name and SM count)
 for the same shape and dtypes; otherwise the caller falls back to the
-heuristic and is told so. Entries are checked with the tactic's validity
-predicate (``tactic.py``) when loaded, so a stale table fails loudly instead of launching a
-tactic the kernel no longer accepts.
+heuristic and is told so. Tables of your own (``tune --out``), named in
+``DECODE_PROJECTION_TABLES``, replace the shipped ones shape by shape.
+Entries are checked with the tactic's validity predicate (``tactic.py``) when
+loaded, so a stale table fails loudly instead of launching a tactic the kernel
+no longer accepts.
 """
 
 import json
+import os
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -18,6 +21,7 @@ from .tactic import as_tactic
 
 SHIPPED = Path(__file__).with_name("tables")
 FORMAT = 1
+USER_TABLES = "DECODE_PROJECTION_TABLES"  # paths of tables of your own, separated by os.pathsep
 
 
 @dataclass(frozen=True)
@@ -118,15 +122,36 @@ def shipped_tables() -> dict:
     return merged
 
 
+@cache
+def user_table(path: str) -> dict:
+    """One table named in DECODE_PROJECTION_TABLES, read once per process."""
+    try:
+        return load_table(path)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{USER_TABLES} names {path}, which is not a usable table: {error}") from None
+
+
+def tables_in_use() -> dict:
+    """The shipped tables, where the tables named in DECODE_PROJECTION_TABLES hold a shape (of a GPU, dtypes and
+    mode) replaced by theirs, whole: a later path wins, and a batch-invariant shape keeps one summation order."""
+    paths = [path for path in os.environ.get(USER_TABLES, "").split(os.pathsep) if path]
+    if not paths:
+        return shipped_tables()
+    merged = dict(shipped_tables())
+    for path in paths:
+        merged.update(user_table(path))
+    return merged
+
+
 def table_policies(key: TableKey, batches, tables=None) -> dict:
     """The tuned tactics for those of ``batches`` the table covers (possibly none)."""
-    found = (shipped_tables() if tables is None else tables).get(key, {})
+    found = (tables_in_use() if tables is None else tables).get(key, {})
     return {b: found[b] for b in batches if b in found}
 
 
 def table_summation_order(key: TableKey, tables=None):
     """The (split, k boxes) a batch-invariant table uses for every batch of its shape, or None."""
-    found = (shipped_tables() if tables is None else tables).get(key, {})
+    found = (tables_in_use() if tables is None else tables).get(key, {})
     return next(iter(found.values())).summation_order if key.batch_invariant and found else None
 
 

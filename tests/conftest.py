@@ -11,6 +11,8 @@ import torch
 # Tests compile into a throwaway persistent cache, never the user's.
 _cache = tempfile.mkdtemp(prefix="decode_projection_test_cache_")
 os.environ["DECODE_PROJECTION_CACHE_DIR"] = _cache
+# The tests judge the shipped tables, never tables of the user's own.
+os.environ.pop("DECODE_PROJECTION_TABLES", None)
 atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
 
