@@ -99,7 +99,7 @@ def main():
     parser.add_argument("--quiet", action="store_true", help="counts only")
     args = parser.parse_args()
     documents = [read_document(path) for path in args.bench_json]
-    gpus = {document["meta"].get("gpu") for document in documents}
+    gpus = {document.get("meta", {}).get("gpu") for document in documents}
     if len(gpus) > 1:
         parser.error(f"the runs come from different GPUs ({', '.join(sorted(map(str, gpus)))}): judge each alone")
     (gpu,) = gpus
