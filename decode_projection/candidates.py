@@ -51,7 +51,7 @@ from .tactic import (
 )
 
 WIDE_STAGE_CANDIDATES = 4  # slots for 2- and 4-box variants of the best one-box tactics
-SHARED_LOAD_CANDIDATES = 2  # slots for the best tactic with its activations multicast to 2 and 4 tiles
+SHARED_LOAD_CANDIDATES = 2  # slots for the best tactic with its activations shared by the other of 1, 2 and 4 tiles
 SHARED_LOAD_ROWS = 32  # activation tiles from here on cost enough L2 traffic to share
 COLUMN_GROUP_CANDIDATES = 2  # slots for the best 64-row tactics with two warpgroups splitting the activations
 WEIGHT_AS_B_CANDIDATES = 4  # slots for the best tactics with the weight as wgmma's B, sized to fill the SMs
@@ -295,10 +295,12 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
         wide = [t for t in wide if t.valid and fills_every_rank(t, k) and t not in base]
     shared = []
     if base[0].activation_rows >= SHARED_LOAD_ROWS:
-        shared = [replace(base[0], multicast=group) for group in MULTICASTS[1:] if group != 3]
+        # The other sharing counts of 1, 2 and 4 (the heuristic's pick may already share).
+        shared = [replace(base[0], multicast=group) for group in MULTICASTS if group not in (3, base[0].multicast)]
         shared = [t for t in shared if t.valid and fits_like(t, base[0], n, batch, gpu)]
     rest = [t for t in chosen if t not in base]
-    return (base + wide + shared + padded + folded + buffered + columns + weight_as_b + shared_weight + rest)[:limit]
+    ordered = base + wide + shared + padded + folded + buffered + columns + weight_as_b + shared_weight + rest
+    return list(dict.fromkeys(ordered))[:limit]  # once each: the pick may be one of the padded tiles too
 
 
 def early_dependents_tactics(tactics, gpu: GpuSpec = H200) -> list[SplitKTactic]:

@@ -3,17 +3,24 @@
 At decode the projection streams the weight once, so what matters is keeping
 enough bytes in flight across the GPU to reach HBM bandwidth, without so many
 CTAs that split-K reductions and re-read activations cost more than they hide.
-Measured on an H200 (docs/performance.md): the deepest pipeline that fits wins,
-and about 0.4 CTAs per SM already saturate HBM when each keeps ~200 KB in
-flight; past that, extra split only adds reduction work. Compute-bound batches
-(activation tiles of 96 or more) want the fullest grid that fits in one wave.
+Measured on an H200 (docs/performance.md): the deepest pipeline that fits wins.
+A weight tall enough gets one unsplit tile per SM, each as wide as the SMs
+leave it; for a shorter one about 0.4 CTAs per SM already saturate HBM when
+each keeps ~200 KB in flight, and past that, extra split only adds reduction
+work. Compute-bound batches (activation tiles of 96 or more) want the fullest
+grid that fits in one wave, neighbouring weight tiles sharing each activation
+load.
 """
 
 import math
 
 from .gpu import H200, GpuSpec
 from .tables import TableKey, dtype_name, table_policies, table_summation_order
-from .tactic import ACTIVATION_ROWS, BOX_K, WEIGHT_ROWS, SplitKTactic, as_tactic, max_stages, resident_ctas
+from dataclasses import replace
+
+from .tactic import (
+    ACTIVATION_ROWS, BOX_K, K_BOXES, WEIGHT_ROWS, WGMMA_ROWS, SplitKTactic, as_tactic, max_stages, resident_ctas,
+)
 
 MIN_K_TILES_PER_CTA = 4  # fewer and the pipeline never fills
 HEURISTIC_SPLITS = (1, 2, 4, 8)  # the no-table rule keeps to the splits it was measured with
@@ -21,6 +28,9 @@ HEURISTIC_WEIGHT_ROWS = (64, 128)  # and to the weight tiles it was measured wit
 STREAMING_CTA_FRACTION = 0.375  # CTAs per SM that saturate HBM with deep pipelines
 COMPUTE_BOUND_ROWS = 96  # activation tiles from here on are bound by the tensor cores
 MIN_STAGES = 3  # one-box stages: shallower pipelines never won a sweep (wide stages may go to 2)
+# A filling tile's stage takes as many TMA boxes of K as keep it within this: in the H200 timings the fills of
+# 48-64 rows won with 4 boxes at M <= 8 and 2 from M = 32 on, the 160-row fill of 20480 x 7168 with 1.
+FILLING_STAGE_BYTES = 40 * 1024
 MOST_CTAS_PER_SM = 6  # enough for a 64-row, split-2 grid of the largest shape to fit in one wave
 SM_FLOPS_PER_US = 5.1e6  # dense BF16 wgmma per SM as fitted, ~70% of the datasheet 989 TFLOPS / 132
 SM_BYTES_PER_US = 50e3  # HBM bytes one SM pulls at most, as fitted (~50 GB/s: 132 SMs reach 6.6 TB/s)
@@ -47,7 +57,10 @@ def default_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, batch_inv
         return pinned_tactic(n, k, batch, order, gpu)
     if acts >= COMPUTE_BOUND_ROWS and not batch_invariant:
         return one_wave_tactic(n, k, batch, gpu)
-    # Streaming batches, and batch-invariant tables at every batch (they keep batch 1's split).
+    filling = None if batch_invariant else filling_tactic(n, k, batch, gpu)
+    if filling is not None:
+        return filling
+    # Streaming batches of shorter weights, and batch-invariant tables at every batch (they keep batch 1's split).
     target = math.ceil(STREAMING_CTA_FRACTION * gpu.sm_count)
     most = largest_split(k, gpu)
     rows = HEURISTIC_WEIGHT_ROWS[-1] if math.ceil(n / HEURISTIC_WEIGHT_ROWS[-1]) * most >= target \
@@ -55,6 +68,24 @@ def default_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, batch_inv
     tiles = math.ceil(n / rows)
     split = next((s for s in HEURISTIC_SPLITS if s <= most and tiles * s >= target), most)
     return as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split)))
+
+
+def filling_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTactic | None:
+    """For streaming batches: one unsplit tile per SM, as few rows as that takes (a multiple of 8), or None
+    where those would fill less than half a warpgroup tile or more than the widest tile."""
+    # In the H200 timings (docs/measurements/*tune-timings*, v30a) such tiles ran 1.03x the best timed tactic
+    # where the 128-row rule below ran 1.08x (57 of 66 cells faster); narrower fills, most of their 64-row
+    # shared-memory tile padding, lost to the split rule on the split shapes (v39).
+    rows = 8 * math.ceil(math.ceil(n / gpu.sm_count) / 8)
+    if not WGMMA_ROWS // 2 < rows <= WEIGHT_ROWS[-1]:
+        return None
+    acts = activation_rows_for(batch)
+    # The widest stage within FILLING_STAGE_BYTES that leaves K at least MIN_STAGES loads (one box at least).
+    boxes = next(b for b in sorted(K_BOXES, reverse=True)
+                 if b == 1 or (SplitKTactic(rows, acts, 1, 1, b).stage_bytes <= FILLING_STAGE_BYTES
+                               and b * BOX_K * MIN_STAGES <= k))
+    tactic = SplitKTactic(rows, acts, 1, max_stages(rows, acts, 1, boxes), boxes)
+    return as_tactic(tactic) if tactic.valid else None
 
 
 def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTactic:
@@ -77,7 +108,18 @@ def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTa
         _, acts, split, rows = max(one_wave, key=lambda o: (o[0], o[1], -o[2], o[3] <= n, o[3]))
     else:  # no grid fits: the fewest CTAs, with the same preferences
         _, acts, split, rows = min(options, key=lambda o: (o[0], -o[1], o[2], -o[3]))
-    return as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split)))
+    tactic = as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split)))
+    # Neighbouring weight tiles share each activation load (TMA multicast) where that keeps the waves and the
+    # split is at most 2: in the H200 timings of M = 96-256 four sharers, else two, took the pick from 1.14x the
+    # best timed tactic to 1.09x (v33: 40 of 52 cells faster; v30a, v33e, v34a alike), and with splits of 4 the
+    # clusters of 8 lost (1536 x 7168, v37 and v39).
+    if tactic.split > 2:
+        return tactic
+    for sharers in (4, 2):
+        shared = replace(tactic, multicast=sharers)
+        if shared.valid and waves(shared, n, batch, gpu) == waves(tactic, n, batch, gpu):
+            return shared
+    return tactic
 
 
 def pinned_tactic(n: int, k: int, batch: int, order, gpu: GpuSpec = H200) -> SplitKTactic:

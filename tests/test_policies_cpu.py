@@ -12,30 +12,31 @@ from decode_projection import candidates, policies, tables
 from decode_projection.candidates import candidate_tactics, early_dependents_tactics, filling_tactics, with_k_boxes
 from decode_projection.gpu import H200, GpuSpec, device_index
 from decode_projection.policies import (
-    COMPUTE_BOUND_ROWS, activation_rows_for, activation_tile_choices, default_tactic, grid_ctas, predicted_time_us,
-    resolve_policies, waves,
+    COMPUTE_BOUND_ROWS, FILLING_STAGE_BYTES, activation_rows_for, activation_tile_choices, default_tactic,
+    filling_tactic, grid_ctas, one_wave_tactic, predicted_time_us, resolve_policies, waves,
 )
 from decode_projection.tactic import SplitKTactic
 from decode_projection.workload import DECODE_BATCHES, KIMI_K3_SHAPES
 
-# The heuristic's H200 choices at batches 1, 16, 64 and 256, as (weight rows, activation rows, split, stages);
-# at 256 the fullest grid that fits in one wave.
+# The heuristic's H200 choices at batches 1, 16, 64 and 256, as (weight rows, activation rows, split, stages[,
+# K boxes per stage[, weight tiles sharing an activation load]]): one tile per SM where N / SMs rounds to 40-192
+# rows, at 256 the fullest grid that fits in one wave, its neighbouring tiles sharing activation loads.
 PINNED = [
     ((2112, 7168), (128, 8, 4, 13), (128, 16, 4, 12), (128, 64, 4, 9), (64, 128, 2, 9)),
-    ((2304, 1536), (128, 8, 4, 13), (128, 16, 4, 12), (128, 64, 4, 9), (64, 256, 2, 5)),
-    ((7168, 1536), (128, 8, 1, 13), (128, 16, 1, 12), (128, 64, 1, 9), (64, 256, 1, 5)),
+    ((2304, 1536), (128, 8, 4, 13), (128, 16, 4, 12), (128, 64, 4, 9), (64, 256, 2, 5, 1, 4)),
+    ((7168, 1536), (56, 8, 1, 6, 4), (56, 16, 1, 5, 4), (56, 64, 1, 7, 2), (64, 256, 1, 5, 1, 4)),
     ((1536, 7168), (128, 8, 8, 13), (128, 16, 8, 12), (128, 64, 8, 9), (64, 256, 4, 5)),
-    ((3072, 7168), (128, 8, 4, 13), (128, 16, 4, 12), (128, 64, 4, 9), (64, 256, 2, 5)),
-    ((7168, 768), (128, 8, 1, 13), (128, 16, 1, 12), (128, 64, 1, 9), (64, 256, 1, 5)),
-    ((6288, 7168), (128, 8, 1, 13), (128, 16, 1, 12), (128, 64, 1, 9), (128, 256, 2, 4)),
-    ((3584, 7168), (128, 8, 2, 13), (128, 16, 2, 12), (128, 64, 2, 9), (64, 256, 2, 5)),
-    ((7168, 3584), (128, 8, 1, 13), (128, 16, 1, 12), (128, 64, 1, 9), (64, 256, 1, 5)),
-    ((8448, 7168), (128, 8, 1, 13), (128, 16, 1, 12), (128, 64, 1, 9), (64, 256, 1, 5)),
-    ((7168, 4224), (128, 8, 1, 13), (128, 16, 1, 12), (128, 64, 1, 9), (64, 256, 1, 5)),
-    ((20480, 7168), (128, 8, 1, 13), (128, 16, 1, 12), (128, 64, 1, 9), (128, 256, 1, 4)),
-    ((7168, 14336), (128, 8, 1, 13), (128, 16, 1, 12), (128, 64, 1, 9), (64, 256, 1, 5)),
-    ((1536, 128), (64, 8, 1, 25), (64, 16, 1, 22), (64, 64, 1, 14), (64, 64, 1, 14)),
-    ((3072, 128), (64, 8, 1, 25), (64, 16, 1, 22), (64, 64, 1, 14), (64, 128, 1, 9)),
+    ((3072, 7168), (128, 8, 4, 13), (128, 16, 4, 12), (128, 64, 4, 9), (64, 256, 2, 5, 1, 4)),
+    ((7168, 768), (56, 8, 1, 6, 4), (56, 16, 1, 5, 4), (56, 64, 1, 7, 2), (64, 256, 1, 5, 1, 4)),
+    ((6288, 7168), (48, 8, 1, 6, 4), (48, 16, 1, 5, 4), (48, 64, 1, 7, 2), (128, 256, 2, 4, 1, 4)),
+    ((3584, 7168), (128, 8, 2, 13), (128, 16, 2, 12), (128, 64, 2, 9), (64, 256, 2, 5, 1, 4)),
+    ((7168, 3584), (56, 8, 1, 6, 4), (56, 16, 1, 5, 4), (56, 64, 1, 7, 2), (64, 256, 1, 5, 1, 4)),
+    ((8448, 7168), (64, 8, 1, 6, 4), (64, 16, 1, 5, 4), (64, 64, 1, 7, 2), (64, 256, 1, 5, 1, 2)),
+    ((7168, 4224), (56, 8, 1, 6, 4), (56, 16, 1, 5, 4), (56, 64, 1, 7, 2), (64, 256, 1, 5, 1, 4)),
+    ((20480, 7168), (160, 8, 1, 9), (160, 16, 1, 8), (160, 64, 1, 7), (128, 256, 1, 4, 1, 4)),
+    ((7168, 14336), (56, 8, 1, 6, 4), (56, 16, 1, 5, 4), (56, 64, 1, 7, 2), (64, 256, 1, 5, 1, 4)),
+    ((1536, 128), (64, 8, 1, 25), (64, 16, 1, 22), (64, 64, 1, 14), (64, 64, 1, 14, 1, 4)),
+    ((3072, 128), (64, 8, 1, 25), (64, 16, 1, 22), (64, 64, 1, 14), (64, 128, 1, 9, 1, 4)),
 ]
 
 
@@ -44,6 +45,30 @@ def test_heuristic_picks_are_pinned(shape, at1, at16, at64, at256):
     n, k = shape
     picks = {b: default_tactic(n, k, b) for b in (1, 16, 64, 256)}
     assert picks == {1: SplitKTactic(*at1), 16: SplitKTactic(*at16), 64: SplitKTactic(*at64), 256: SplitKTactic(*at256)}
+
+
+def test_filling_tiles_put_one_unsplit_tile_on_each_sm():
+    for n in range(64, 30000, 136):
+        for batch in (1, 16, 64):
+            tactic = filling_tactic(n, 7168, batch)
+            rows = math.ceil(n / H200.sm_count)
+            if rows <= 32 or rows > 192:  # half a warpgroup tile or less of weight rows, or wider than a tile
+                assert tactic is None, n
+                continue
+            assert (tactic.split, tactic.weight_rows % 8, tactic.activation_rows) == (1, 0, activation_rows_for(batch))
+            assert rows <= tactic.weight_rows < rows + 8 and grid_ctas(tactic, n, batch) <= H200.sm_count
+            assert tactic.stage_bytes <= FILLING_STAGE_BYTES or tactic.k_boxes == 1
+            assert tactic == default_tactic(n, 7168, batch)
+            assert default_tactic(n, 7168, batch, batch_invariant=True).weight_rows in (64, 128)  # keeps its rule
+    # Stages hold at most a third of K: 512 columns take 2 boxes a stage, not 4.
+    assert filling_tactic(7168, 512, 1).k_boxes == 2 and filling_tactic(7168, 768, 1).k_boxes == 4
+
+
+def test_one_wave_tiles_share_activation_loads_where_the_waves_stay():
+    shared = one_wave_tactic(7168, 3584, 256)
+    assert shared.multicast == 4 and waves(shared, 7168, 256) == waves(replace(shared, multicast=1), 7168, 256)
+    assert one_wave_tactic(2112, 7168, 256).multicast == 1  # 33 weight tiles: groups of 2 or 4 need a second wave
+    assert one_wave_tactic(1536, 7168, 256).split == 4 and one_wave_tactic(1536, 7168, 256).multicast == 1
 
 
 def test_pins_cover_the_workload():
@@ -284,9 +309,10 @@ def test_padded_weight_tiles_fill_the_sms_at_streaming_batches():
             best = filling_tactics(n, 7168, batch, weight_as_b=False)[0]
             assert (best.weight_rows, best.split, best.weight_as_b) == (rows, 1, False)
             assert best.weight_smem_rows == 64 * math.ceil(rows / 64) and grid_ctas(best, n, batch) == ctas
-            # Offered in stages of 4 or 2 boxes: the deepest one-box pipeline lost after glue.
+            # Offered in stages of 4 or 2 boxes too: the deepest one-box pipeline lost after glue on 48-56 rows.
             offered = [t for t in candidate_tactics(n, 7168, batch, limit=16) if t.weight_smem_rows > t.weight_rows]
-            assert replace(offered[0], stages=best.stages, k_boxes=1) == best and offered[0].k_boxes > 1, f"{n} M={batch}"
+            assert any(replace(t, stages=best.stages, k_boxes=1) == best and t.k_boxes > 1 for t in offered), \
+                f"{n} M={batch}"
     for (n, k) in KIMI_K3_SHAPES:
         assert all(t.weight_smem_rows == t.weight_rows for t in candidate_tactics(n, k, 128, limit=20))
     # Up to 96 activation rows: 6288 x 7168 M=96 on 131 tiles of 48 in 2-box stages, the v34 probe's fastest.

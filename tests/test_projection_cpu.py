@@ -10,10 +10,12 @@ import pytest
 import torch
 
 from decode_projection import PreparedProjection, SplitKTactic, compile_projection, projection
+from decode_projection.policies import default_tactic
 from decode_projection.sass import kernel_report
 from decode_projection.splitk import EVICT_LAST, SplitKGemm
 from decode_projection.tables import shipped_tables
 from decode_projection.tactic import PRODUCER_REGISTERS, as_tactic, max_stages
+from decode_projection.workload import DECODE_BATCHES, KIMI_K3_SHAPES
 
 from .tactic_grid import GRID, tactic_id
 
@@ -428,10 +430,13 @@ def test_where_a_launch_lets_the_next_one_in():
 # The shipped tables' tactics outside the grid: a table entry whose wgmmas ptxas serializes would lose up to
 # half its speed and still pass every float64 check (docs/performance.md, v22).
 SHIPPED = sorted({t for batches in shipped_tables().values() for t in batches.values()} - set(GRID), key=tactic_id)
+# And the heuristic's picks for the Kimi-K3 shapes, what every batch and GPU without a table gets.
+HEURISTIC = sorted({default_tactic(n, k, batch) for n, k in KIMI_K3_SHAPES for batch in DECODE_BATCHES}
+                   - set(GRID) - set(SHIPPED), key=tactic_id)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tactic", GRID + SHIPPED, ids=tactic_id)
+@pytest.mark.parametrize("tactic", GRID + SHIPPED + HEURISTIC, ids=tactic_id)
 def test_every_tactic_compiles_to_wgmma_and_tma_without_spills(tactic):
     report = kernel_report(compile_projection(tactic, torch.bfloat16, "sm_90a"))
     assert report.arch == "sm_90a"
@@ -442,7 +447,7 @@ def test_every_tactic_compiles_to_wgmma_and_tma_without_spills(tactic):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tactic", [t for t in GRID + SHIPPED if t.reallocates_registers], ids=tactic_id)
+@pytest.mark.parametrize("tactic", [t for t in GRID + SHIPPED + HEURISTIC if t.reallocates_registers], ids=tactic_id)
 def test_register_handover_stays_within_what_the_cta_holds(tactic):
     """setmaxnreg.inc waits for registers the CTA holds: asking past them hangs the launch (performance.md, v32)."""
     report = kernel_report(compile_projection(tactic, torch.bfloat16, "sm_90a"))

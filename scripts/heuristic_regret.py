@@ -1,0 +1,57 @@
+"""How far the heuristic's picks run behind the best tactic a tune timed, per timings file (``tune --timings``).
+
+For each cell (shape, batch) of a file, the heuristic's tactic on the H200 is looked up among the timed ones and its
+time (the mean of back to back and after glue, as the tuner ranks) divided by the best; printed is the geometric
+mean of that ratio at streaming (M <= 64) and compute-bound batches, and how many cells timed no such tactic. The
+heuristic is what every shape or batch without a tuned table gets, on any GPU.
+
+    python scripts/heuristic_regret.py docs/measurements/2026-12-04-tune-timings-h200-v30a.json.gz [--cells]
+"""
+
+import argparse
+import math
+
+from decode_projection.gpu import H200
+from decode_projection.policies import default_tactic
+from decode_projection.report import read_document
+from decode_projection.tactic import SplitKTactic
+
+LAST_STREAMING_BATCH = 64
+
+
+def regrets(cells):
+    """``[(n, k, batch, pick / best or None, pick)]`` for the cells of one timings file."""
+    found = []
+    for cell in cells:
+        n, k, batch = cell["n"], cell["k"], cell["batch"]
+        # Each entry is (tactic fields, back-to-back us, after-glue us); tactics of older kernels may no longer
+        # be valid, and only the heuristic's own pick is looked up.
+        means = {SplitKTactic(*fields): (alone + after) / 2 for fields, alone, after in cell["timed"]}
+        pick = default_tactic(n, k, batch, H200)
+        found.append((n, k, batch, means[pick] / min(means.values()) if pick in means else None, pick))
+    return found
+
+
+def geomean(values):
+    """The geometric mean of ``values`` (nan for none)."""
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else math.nan
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("timings", nargs="+", help="tune --timings files (.json or .json.gz)")
+    parser.add_argument("--cells", action="store_true", help="also print every cell's ratio and pick")
+    args = parser.parse_args()
+    for path in args.timings:
+        found = regrets(read_document(path))
+        streaming = [r for _, _, b, r, _ in found if r is not None and b <= LAST_STREAMING_BATCH]
+        compute = [r for _, _, b, r, _ in found if r is not None and b > LAST_STREAMING_BATCH]
+        untimed = sum(r is None for *_, r, _ in found)
+        print(f"{path}: pick / best {geomean(streaming):.3f} over {len(streaming)} streaming cells, "
+              f"{geomean(compute):.3f} over {len(compute)} compute-bound; pick not timed in {untimed}")
+        for n, k, batch, ratio, pick in found if args.cells else ():
+            print(f"  {n}x{k} M={batch}: {'-' if ratio is None else f'{ratio:.3f}'}  {pick}")
+
+
+if __name__ == "__main__":
+    main()
