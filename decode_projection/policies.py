@@ -28,9 +28,10 @@ HEURISTIC_WEIGHT_ROWS = (64, 128)  # and to the weight tiles it was measured wit
 STREAMING_CTA_FRACTION = 0.375  # CTAs per SM that saturate HBM with deep pipelines
 COMPUTE_BOUND_ROWS = 96  # activation tiles from here on are bound by the tensor cores
 MIN_STAGES = 3  # one-box stages: shallower pipelines never won a sweep (wide stages may go to 2)
-# A filling tile's stage takes as many TMA boxes of K as keep it within this: in the H200 timings the fills of
-# 48-64 rows won with 4 boxes at M <= 8 and 2 from M = 32 on, the 160-row fill of 20480 x 7168 with 1.
-FILLING_STAGE_BYTES = 40 * 1024
+# A streaming stage takes as many TMA boxes of K as keep it within this: in the H200 timings the fills of
+# 48-64 rows won with 4 boxes at M <= 8 and 2 from M = 32 on, the 160-row fill of 20480 x 7168 with 1, and
+# 128-row split tiles with 2.
+STREAMING_STAGE_BYTES = 40 * 1024
 MOST_CTAS_PER_SM = 6  # enough for a 64-row, split-2 grid of the largest shape to fit in one wave
 SM_FLOPS_PER_US = 5.1e6  # dense BF16 wgmma per SM as fitted, ~70% of the datasheet 989 TFLOPS / 132
 SM_BYTES_PER_US = 50e3  # HBM bytes one SM pulls at most, as fitted (~50 GB/s: 132 SMs reach 6.6 TB/s)
@@ -67,7 +68,18 @@ def default_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, batch_inv
         else HEURISTIC_WEIGHT_ROWS[0]
     tiles = math.ceil(n / rows)
     split = next((s for s in HEURISTIC_SPLITS if s <= most and tiles * s >= target), most)
-    return as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split)))
+    # Wide stages took these picks from 1.09x the best timed tactic to 1.06x (v39: all 40 changed cells faster
+    # but 2); under batch invariance they would sum in an order that depends on the batch.
+    boxes = 1 if batch_invariant else streaming_boxes(rows, acts, split, k)
+    return as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split, boxes), boxes))
+
+
+def streaming_boxes(rows: int, acts: int, split: int, k: int) -> int:
+    """TMA boxes of K per stage: the most whose stage fits STREAMING_STAGE_BYTES while each rank's K slice
+    still takes MIN_STAGES loads (one at least)."""
+    return next(boxes for boxes in sorted(K_BOXES, reverse=True)
+                if boxes == 1 or (SplitKTactic(rows, acts, split, 1, boxes).stage_bytes <= STREAMING_STAGE_BYTES
+                                  and boxes * BOX_K * MIN_STAGES <= k / split))
 
 
 def filling_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTactic | None:
@@ -80,10 +92,7 @@ def filling_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTac
     if not WGMMA_ROWS // 2 < rows <= WEIGHT_ROWS[-1]:
         return None
     acts = activation_rows_for(batch)
-    # The widest stage within FILLING_STAGE_BYTES that leaves K at least MIN_STAGES loads (one box at least).
-    boxes = next(b for b in sorted(K_BOXES, reverse=True)
-                 if b == 1 or (SplitKTactic(rows, acts, 1, 1, b).stage_bytes <= FILLING_STAGE_BYTES
-                               and b * BOX_K * MIN_STAGES <= k))
+    boxes = streaming_boxes(rows, acts, 1, k)
     tactic = SplitKTactic(rows, acts, 1, max_stages(rows, acts, 1, boxes), boxes)
     return as_tactic(tactic) if tactic.valid else None
 

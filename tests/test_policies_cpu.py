@@ -12,7 +12,7 @@ from decode_projection import candidates, policies, tables
 from decode_projection.candidates import candidate_tactics, early_dependents_tactics, filling_tactics, with_k_boxes
 from decode_projection.gpu import H200, GpuSpec, device_index
 from decode_projection.policies import (
-    COMPUTE_BOUND_ROWS, FILLING_STAGE_BYTES, activation_rows_for, activation_tile_choices, default_tactic,
+    COMPUTE_BOUND_ROWS, STREAMING_STAGE_BYTES, activation_rows_for, activation_tile_choices, default_tactic,
     filling_tactic, grid_ctas, one_wave_tactic, predicted_time_us, resolve_policies, waves,
 )
 from decode_projection.tactic import SplitKTactic
@@ -20,16 +20,17 @@ from decode_projection.workload import DECODE_BATCHES, KIMI_K3_SHAPES
 
 # The heuristic's H200 choices at batches 1, 16, 64 and 256, as (weight rows, activation rows, split, stages[,
 # K boxes per stage[, weight tiles sharing an activation load]]): one tile per SM where N / SMs rounds to 40-192
-# rows, at 256 the fullest grid that fits in one wave, its neighbouring tiles sharing activation loads.
+# rows, stages of up to 40 KB, at 256 the fullest grid that fits in one wave, its neighbouring tiles sharing
+# activation loads.
 PINNED = [
-    ((2112, 7168), (128, 8, 4, 13), (128, 16, 4, 12), (128, 64, 4, 9), (64, 128, 2, 9)),
-    ((2304, 1536), (128, 8, 4, 13), (128, 16, 4, 12), (128, 64, 4, 9), (64, 256, 2, 5, 1, 4)),
+    ((2112, 7168), (128, 8, 4, 6, 2), (128, 16, 4, 6, 2), (128, 64, 4, 9), (64, 128, 2, 9)),
+    ((2304, 1536), (128, 8, 4, 6, 2), (128, 16, 4, 6, 2), (128, 64, 4, 9), (64, 256, 2, 5, 1, 4)),
     ((7168, 1536), (56, 8, 1, 6, 4), (56, 16, 1, 5, 4), (56, 64, 1, 7, 2), (64, 256, 1, 5, 1, 4)),
-    ((1536, 7168), (128, 8, 8, 13), (128, 16, 8, 12), (128, 64, 8, 9), (64, 256, 4, 5)),
-    ((3072, 7168), (128, 8, 4, 13), (128, 16, 4, 12), (128, 64, 4, 9), (64, 256, 2, 5, 1, 4)),
+    ((1536, 7168), (128, 8, 8, 6, 2), (128, 16, 8, 6, 2), (128, 64, 8, 9), (64, 256, 4, 5)),
+    ((3072, 7168), (128, 8, 4, 6, 2), (128, 16, 4, 6, 2), (128, 64, 4, 9), (64, 256, 2, 5, 1, 4)),
     ((7168, 768), (56, 8, 1, 6, 4), (56, 16, 1, 5, 4), (56, 64, 1, 7, 2), (64, 256, 1, 5, 1, 4)),
     ((6288, 7168), (48, 8, 1, 6, 4), (48, 16, 1, 5, 4), (48, 64, 1, 7, 2), (128, 256, 2, 4, 1, 4)),
-    ((3584, 7168), (128, 8, 2, 13), (128, 16, 2, 12), (128, 64, 2, 9), (64, 256, 2, 5, 1, 4)),
+    ((3584, 7168), (128, 8, 2, 6, 2), (128, 16, 2, 6, 2), (128, 64, 2, 9), (64, 256, 2, 5, 1, 4)),
     ((7168, 3584), (56, 8, 1, 6, 4), (56, 16, 1, 5, 4), (56, 64, 1, 7, 2), (64, 256, 1, 5, 1, 4)),
     ((8448, 7168), (64, 8, 1, 6, 4), (64, 16, 1, 5, 4), (64, 64, 1, 7, 2), (64, 256, 1, 5, 1, 2)),
     ((7168, 4224), (56, 8, 1, 6, 4), (56, 16, 1, 5, 4), (56, 64, 1, 7, 2), (64, 256, 1, 5, 1, 4)),
@@ -57,7 +58,7 @@ def test_filling_tiles_put_one_unsplit_tile_on_each_sm():
                 continue
             assert (tactic.split, tactic.weight_rows % 8, tactic.activation_rows) == (1, 0, activation_rows_for(batch))
             assert rows <= tactic.weight_rows < rows + 8 and grid_ctas(tactic, n, batch) <= H200.sm_count
-            assert tactic.stage_bytes <= FILLING_STAGE_BYTES or tactic.k_boxes == 1
+            assert tactic.stage_bytes <= STREAMING_STAGE_BYTES or tactic.k_boxes == 1
             assert tactic == default_tactic(n, 7168, batch)
             assert default_tactic(n, 7168, batch, batch_invariant=True).weight_rows in (64, 128)  # keeps its rule
     # Stages hold at most a third of K: 512 columns take 2 boxes a stage, not 4.
