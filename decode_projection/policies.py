@@ -13,11 +13,10 @@ load.
 """
 
 import math
+from dataclasses import replace
 
 from .gpu import H200, GpuSpec
 from .tables import TableKey, dtype_name, table_policies, table_summation_order
-from dataclasses import replace
-
 from .tactic import (
     ACTIVATION_ROWS, BOX_K, K_BOXES, WEIGHT_ROWS, WGMMA_ROWS, SplitKTactic, as_tactic, max_stages, resident_ctas,
 )
