@@ -18,7 +18,8 @@ from dataclasses import replace
 from .gpu import H200, GpuSpec
 from .tables import TableKey, dtype_name, table_policies, table_summation_order
 from .tactic import (
-    ACTIVATION_ROWS, BOX_K, K_BOXES, WEIGHT_ROWS, WGMMA_ROWS, SplitKTactic, as_tactic, max_stages, resident_ctas,
+    ACTIVATION_ROWS, BOX_K, K_BOXES, WEIGHT_ROWS, WEIGHT_ROWS_AS_B, WGMMA_ROWS, SplitKTactic, as_tactic, max_stages,
+    resident_ctas,
 )
 
 MIN_K_TILES_PER_CTA = 4  # fewer and the pipeline never fills
@@ -56,7 +57,7 @@ def default_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, batch_inv
     if order is not None:
         return pinned_tactic(n, k, batch, order, gpu)
     if acts >= COMPUTE_BOUND_ROWS and not batch_invariant:
-        return one_wave_tactic(n, k, batch, gpu)
+        return shared_weight_tactic(n, k, batch, gpu) or one_wave_tactic(n, k, batch, gpu)
     filling = None if batch_invariant else filling_tactic(n, k, batch, gpu)
     if filling is not None:
         return filling
@@ -94,6 +95,24 @@ def filling_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTac
     boxes = streaming_boxes(rows, acts, 1, k)
     tactic = SplitKTactic(rows, acts, 1, max_stages(rows, acts, 1, boxes), boxes)
     return as_tactic(tactic) if tactic.valid else None
+
+
+def shared_weight_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTactic | None:
+    """For batches of 193-256: the weight as wgmma's B, each weight tile shared by two 128-row activation tiles
+    (each CTA loads half of it, by multicast), tiles of as few rows as fill the SMs with such pairs in one wave;
+    or None where those take fewer than 48 or more than 256 rows."""
+    # cuBLAS's tiling at M=256. In the H200 timings of M=256 (v33, v33e) this pick ran 1.01x the best timed
+    # tactic where the one-wave rule ran 1.13-1.17x (20 of 20 cells faster); the 32-row tiles of 2112 and
+    # 1536 rows were faster in only 3 of 10 cells (v33-v39).
+    pairs = 2
+    if activation_rows_for(batch) != ACTIVATION_ROWS[-1] or not gpu.clusters_at_once(pairs):
+        return None
+    rows = 8 * pairs * math.ceil(math.ceil(n / gpu.clusters_at_once(pairs)) / (8 * pairs))
+    if not 48 <= rows <= WEIGHT_ROWS_AS_B[-1]:
+        return None
+    acts = ACTIVATION_ROWS[-1] // pairs
+    tactic = SplitKTactic(rows, acts, 1, max_stages(rows, acts, 1, weight_as_b=True), 1, pairs, weight_as_b=True)
+    return as_tactic(tactic) if tactic.valid and waves(tactic, n, batch, gpu) == 1 else None
 
 
 def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTactic:

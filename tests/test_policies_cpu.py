@@ -13,31 +13,31 @@ from decode_projection.candidates import candidate_tactics, early_dependents_tac
 from decode_projection.gpu import H200, GpuSpec, device_index
 from decode_projection.policies import (
     COMPUTE_BOUND_ROWS, STREAMING_STAGE_BYTES, activation_rows_for, activation_tile_choices, default_tactic,
-    filling_tactic, grid_ctas, one_wave_tactic, predicted_time_us, resolve_policies, waves,
+    filling_tactic, grid_ctas, one_wave_tactic, predicted_time_us, resolve_policies, shared_weight_tactic, waves,
 )
 from decode_projection.tactic import SplitKTactic
 from decode_projection.workload import DECODE_BATCHES, KIMI_K3_SHAPES
 
 # The heuristic's H200 choices at batches 1, 16, 64 and 256, as (weight rows, activation rows, split, stages[,
-# K boxes per stage[, weight tiles sharing an activation load]]): one tile per SM where N / SMs rounds to 40-192
-# rows, stages of up to 40 KB, at 256 the fullest grid that fits in one wave, its neighbouring tiles sharing
-# activation loads.
+# K boxes per stage, weight or activation tiles sharing a load, consumer warpgroups, the weight as B]): one tile
+# per SM where N / SMs rounds to 40-192 rows, stages of up to 40 KB; at 256 two 128-row activation tiles sharing
+# each weight tile where N / 66 rounds to 48-256 rows, else the fullest grid that fits in one wave.
 PINNED = [
     ((2112, 7168), (128, 8, 4, 6, 2), (128, 16, 4, 6, 2), (128, 64, 4, 9), (64, 128, 2, 9)),
-    ((2304, 1536), (128, 8, 4, 6, 2), (128, 16, 4, 6, 2), (128, 64, 4, 9), (64, 256, 2, 5, 1, 4)),
-    ((7168, 1536), (56, 8, 1, 6, 4), (56, 16, 1, 5, 4), (56, 64, 1, 7, 2), (64, 256, 1, 5, 1, 4)),
+    ((2304, 1536), (128, 8, 4, 6, 2), (128, 16, 4, 6, 2), (128, 64, 4, 9), (48, 128, 1, 10, 1, 2, 1, True)),
+    ((7168, 1536), (56, 8, 1, 6, 4), (56, 16, 1, 5, 4), (56, 64, 1, 7, 2), (112, 128, 1, 7, 1, 2, 1, True)),
     ((1536, 7168), (128, 8, 8, 6, 2), (128, 16, 8, 6, 2), (128, 64, 8, 9), (64, 256, 4, 5)),
-    ((3072, 7168), (128, 8, 4, 6, 2), (128, 16, 4, 6, 2), (128, 64, 4, 9), (64, 256, 2, 5, 1, 4)),
-    ((7168, 768), (56, 8, 1, 6, 4), (56, 16, 1, 5, 4), (56, 64, 1, 7, 2), (64, 256, 1, 5, 1, 4)),
-    ((6288, 7168), (48, 8, 1, 6, 4), (48, 16, 1, 5, 4), (48, 64, 1, 7, 2), (128, 256, 2, 4, 1, 4)),
-    ((3584, 7168), (128, 8, 2, 6, 2), (128, 16, 2, 6, 2), (128, 64, 2, 9), (64, 256, 2, 5, 1, 4)),
-    ((7168, 3584), (56, 8, 1, 6, 4), (56, 16, 1, 5, 4), (56, 64, 1, 7, 2), (64, 256, 1, 5, 1, 4)),
-    ((8448, 7168), (64, 8, 1, 6, 4), (64, 16, 1, 5, 4), (64, 64, 1, 7, 2), (64, 256, 1, 5, 1, 2)),
-    ((7168, 4224), (56, 8, 1, 6, 4), (56, 16, 1, 5, 4), (56, 64, 1, 7, 2), (64, 256, 1, 5, 1, 4)),
+    ((3072, 7168), (128, 8, 4, 6, 2), (128, 16, 4, 6, 2), (128, 64, 4, 9), (48, 128, 1, 10, 1, 2, 1, True)),
+    ((7168, 768), (56, 8, 1, 6, 4), (56, 16, 1, 5, 4), (56, 64, 1, 7, 2), (112, 128, 1, 7, 1, 2, 1, True)),
+    ((6288, 7168), (48, 8, 1, 6, 4), (48, 16, 1, 5, 4), (48, 64, 1, 7, 2), (96, 128, 1, 8, 1, 2, 1, True)),
+    ((3584, 7168), (128, 8, 2, 6, 2), (128, 16, 2, 6, 2), (128, 64, 2, 9), (64, 128, 1, 9, 1, 2, 1, True)),
+    ((7168, 3584), (56, 8, 1, 6, 4), (56, 16, 1, 5, 4), (56, 64, 1, 7, 2), (112, 128, 1, 7, 1, 2, 1, True)),
+    ((8448, 7168), (64, 8, 1, 6, 4), (64, 16, 1, 5, 4), (64, 64, 1, 7, 2), (128, 128, 1, 7, 1, 2, 1, True)),
+    ((7168, 4224), (56, 8, 1, 6, 4), (56, 16, 1, 5, 4), (56, 64, 1, 7, 2), (112, 128, 1, 7, 1, 2, 1, True)),
     ((20480, 7168), (160, 8, 1, 9), (160, 16, 1, 8), (160, 64, 1, 7), (128, 256, 1, 4, 1, 4)),
-    ((7168, 14336), (56, 8, 1, 6, 4), (56, 16, 1, 5, 4), (56, 64, 1, 7, 2), (64, 256, 1, 5, 1, 4)),
+    ((7168, 14336), (56, 8, 1, 6, 4), (56, 16, 1, 5, 4), (56, 64, 1, 7, 2), (112, 128, 1, 7, 1, 2, 1, True)),
     ((1536, 128), (64, 8, 1, 25), (64, 16, 1, 22), (64, 64, 1, 14), (64, 64, 1, 14, 1, 4)),
-    ((3072, 128), (64, 8, 1, 25), (64, 16, 1, 22), (64, 64, 1, 14), (64, 128, 1, 9, 1, 4)),
+    ((3072, 128), (64, 8, 1, 25), (64, 16, 1, 22), (64, 64, 1, 14), (48, 128, 1, 10, 1, 2, 1, True)),
 ]
 
 
@@ -63,6 +63,21 @@ def test_filling_tiles_put_one_unsplit_tile_on_each_sm():
             assert default_tactic(n, 7168, batch, batch_invariant=True).weight_rows in (64, 128)  # keeps its rule
     # Stages hold at most a third of K: 512 columns take 2 boxes a stage, not 4.
     assert filling_tactic(7168, 512, 1).k_boxes == 2 and filling_tactic(7168, 768, 1).k_boxes == 4
+
+
+def test_pairs_of_activation_tiles_share_each_weight_tile_past_batch_192():
+    pairs = H200.clusters_at_once(2)
+    for n in range(64, 30000, 136):
+        tactic = shared_weight_tactic(n, 7168, 256)
+        rows = math.ceil(n / pairs)
+        if rows <= 32 or rows > 256:
+            assert tactic is None, n
+            continue
+        assert (tactic.weight_as_b, tactic.activation_rows, tactic.multicast, tactic.split) == (True, 128, 2, 1)
+        assert rows <= tactic.weight_rows < rows + 16 and tactic.weight_rows % 16 == 0  # each CTA loads half
+        assert waves(tactic, n, 256) == 1 and tactic == default_tactic(n, 7168, 256)
+        assert shared_weight_tactic(n, 7168, 200) == tactic and shared_weight_tactic(n, 7168, 192) is None
+        assert shared_weight_tactic(n, 7168, 300) is None  # three activation tiles: two pairs, a second wave
 
 
 def test_one_wave_tiles_share_activation_loads_where_the_waves_stay():
