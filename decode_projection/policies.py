@@ -29,9 +29,14 @@ STREAMING_CTA_FRACTION = 0.375  # CTAs per SM that saturate HBM with deep pipeli
 COMPUTE_BOUND_ROWS = 96  # activation tiles from here on are bound by the tensor cores
 MIN_STAGES = 3  # one-box stages: shallower pipelines never won a sweep (wide stages may go to 2)
 # A streaming stage takes as many TMA boxes of K as keep it within this: in the H200 timings the fills of
-# 48-64 rows won with 4 boxes at M <= 8 and 2 from M = 32 on, the 160-row fill of 20480 x 7168 with 1, and
+# 48-64 rows won with 4 boxes at M <= 16 and 2 from M = 32 on, the 160-row fill of 20480 x 7168 with 1, and
 # 128-row split tiles with 2.
 STREAMING_STAGE_BYTES = 40 * 1024
+MIN_FILLING_ROWS = WGMMA_ROWS // 2  # fewer rows leave most of a filling tile's 64-row shared-memory tile padding
+SHARED_WEIGHT_PAIRS = 2  # activation tiles of 128 rows sharing each weight tile at M = 193-256
+MIN_SHARED_WEIGHT_ROWS = 48  # narrower weight tiles shared that way lost to the one-wave rule
+ACTIVATION_SHARERS = (4, 2)  # weight tiles sharing an activation load in one-wave grids, the most first
+MOST_SHARING_SPLIT = 2  # larger splits with sharing make clusters of 8, which lost
 MOST_CTAS_PER_SM = 6  # enough for a 64-row, split-2 grid of the largest shape to fit in one wave
 SM_FLOPS_PER_US = 5.1e6  # dense BF16 wgmma per SM as fitted, ~70% of the datasheet 989 TFLOPS / 132
 SM_BYTES_PER_US = 50e3  # HBM bytes one SM pulls at most, as fitted (~50 GB/s: 132 SMs reach 6.6 TB/s)
@@ -68,28 +73,29 @@ def default_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, batch_inv
         else HEURISTIC_WEIGHT_ROWS[0]
     tiles = math.ceil(n / rows)
     split = next((s for s in HEURISTIC_SPLITS if s <= most and tiles * s >= target), most)
-    # Wide stages took these picks from 1.09x the best timed tactic to 1.06x (v39: all 40 changed cells faster
-    # but 2); under batch invariance they would sum in an order that depends on the batch.
+    # Wide stages took these picks from 1.09x the best timed tactic to 1.06x (v39: 40 of 40 changed cells
+    # faster); under batch invariance they would sum in an order that depends on the batch.
     boxes = 1 if batch_invariant else streaming_boxes(rows, acts, split, k)
     return as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split, boxes), boxes))
 
 
 def streaming_boxes(rows: int, acts: int, split: int, k: int) -> int:
-    """TMA boxes of K per stage: the most whose stage fits STREAMING_STAGE_BYTES while each rank's K slice
-    still takes MIN_STAGES loads (one at least)."""
+    """TMA boxes of K per stage: the most that fit STREAMING_STAGE_BYTES and leave each rank MIN_STAGES loads."""
     return next(boxes for boxes in sorted(K_BOXES, reverse=True)
                 if boxes == 1 or (SplitKTactic(rows, acts, split, 1, boxes).stage_bytes <= STREAMING_STAGE_BYTES
                                   and boxes * BOX_K * MIN_STAGES <= k / split))
 
 
 def filling_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTactic | None:
-    """For streaming batches: one unsplit tile per SM, as few rows as that takes (a multiple of 8), or None
-    where those would fill less than half a warpgroup tile or more than the widest tile."""
-    # In the H200 timings (docs/measurements/*tune-timings*, v30a) such tiles ran 1.03x the best timed tactic
-    # where the 128-row rule below ran 1.08x (57 of 66 cells faster); narrower fills, most of their 64-row
-    # shared-memory tile padding, lost to the split rule on the split shapes (v39).
+    """For streaming batches: one unsplit tile per SM of 32-192 rows (a multiple of 8), else None."""
+    # As few rows as put one tile on each SM. In the H200 timings (docs/measurements/*tune-timings*) tiles of
+    # 48-160 rows ran 1.03x the best timed tactic where the split rule ran 1.085x (v30a: 61 of 66 cells faster),
+    # the 32-row tiles of 3584 x 7168 won or tied (v30a, v37: 10 of 10 faster, v39 even), and 16-24-row tiles
+    # lost to the split rule (24 rows: 1.10-1.16x against 1.05-1.06x, v30a-v39).
+    if gpu.sm_count < 1:
+        return None
     rows = 8 * math.ceil(math.ceil(n / gpu.sm_count) / 8)
-    if not WGMMA_ROWS // 2 < rows <= WEIGHT_ROWS[-1]:
+    if not MIN_FILLING_ROWS <= rows <= WEIGHT_ROWS[-1]:
         return None
     acts = activation_rows_for(batch)
     boxes = streaming_boxes(rows, acts, 1, k)
@@ -98,17 +104,17 @@ def filling_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTac
 
 
 def shared_weight_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTactic | None:
-    """For batches of 193-256: the weight as wgmma's B, each weight tile shared by two 128-row activation tiles
-    (each CTA loads half of it, by multicast), tiles of as few rows as fill the SMs with such pairs in one wave;
-    or None where those take fewer than 48 or more than 256 rows."""
-    # cuBLAS's tiling at M=256. In the H200 timings of M=256 (v33, v33e) this pick ran 1.01x the best timed
-    # tactic where the one-wave rule ran 1.13-1.17x (20 of 20 cells faster); the 32-row tiles of 2112 and
-    # 1536 rows were faster in only 3 of 10 cells (v33-v39).
-    pairs = 2
+    """For batches of 193-256: pairs of activation tiles sharing each weight tile (the weight as B), else None."""
+    # cuBLAS's tiling at M=256: two 128-row activation tiles share each weight tile by multicast (each CTA loads
+    # half of its rows), in as few rows (a multiple of 16) as fill the SMs with such pairs in one wave. In the H200
+    # timings of M=256 (v33, v33e) this pick ran 1.01x the best timed tactic where the one-wave rule ran
+    # 1.13-1.17x (20 of 20 cells faster); the 32-row tiles of 2112 and 1536 rows were faster in only 3 of 10
+    # cells (v33-v39).
+    pairs = SHARED_WEIGHT_PAIRS
     if activation_rows_for(batch) != ACTIVATION_ROWS[-1] or not gpu.clusters_at_once(pairs):
         return None
     rows = 8 * pairs * math.ceil(math.ceil(n / gpu.clusters_at_once(pairs)) / (8 * pairs))
-    if not 48 <= rows <= WEIGHT_ROWS_AS_B[-1]:
+    if not MIN_SHARED_WEIGHT_ROWS <= rows <= WEIGHT_ROWS_AS_B[-1]:
         return None
     acts = ACTIVATION_ROWS[-1] // pairs
     tactic = SplitKTactic(rows, acts, 1, max_stages(rows, acts, 1, weight_as_b=True), 1, pairs, weight_as_b=True)
@@ -116,7 +122,7 @@ def shared_weight_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> Spl
 
 
 def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTactic:
-    """For compute-bound batches: the grid with the most CTAs that fits in one wave of whole clusters."""
+    """For compute-bound batches: the fullest grid that fits in one wave, its neighbouring tiles sharing loads."""
     # A second, partly filled wave of MMA-heavy CTAs costs nearly a whole one, and split K beyond need adds
     # reductions of large accumulators: in the H200 timings the best M >= 96 tactics ran 96-132 CTAs with the
     # smallest split that gets there. Ties go to the larger activation tile (the weight is read once per
@@ -136,15 +142,16 @@ def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTa
     else:  # no grid fits: the fewest CTAs, with the same preferences
         _, acts, split, rows = min(options, key=lambda o: (o[0], -o[1], o[2], -o[3]))
     tactic = as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split)))
-    # Neighbouring weight tiles share each activation load (TMA multicast) where that keeps the waves and the
-    # split is at most 2: in the H200 timings of M = 96-256 four sharers, else two, took the pick from 1.14x the
-    # best timed tactic to 1.09x (v33: 40 of 52 cells faster; v30a, v33e, v34a alike), and with splits of 4 the
-    # clusters of 8 lost (1536 x 7168, v37 and v39).
-    if tactic.split > 2:
+    # Neighbouring weight tiles share each activation load (TMA multicast) where that keeps a grid that runs to
+    # its waves and the split is at most 2: in the H200 timings of M = 96-256 four sharers, else two, took the
+    # pick from 1.14x the best timed tactic to 1.09x (v33: 40 of 52 cells faster; v30a, v33e, v34a alike), and
+    # with splits of 4 the clusters of 8 lost (1536 x 7168, v37 and v39).
+    unshared_waves = waves(tactic, n, batch, gpu)
+    if tactic.split > MOST_SHARING_SPLIT or not math.isfinite(unshared_waves):
         return tactic
-    for sharers in (4, 2):
+    for sharers in ACTIVATION_SHARERS:
         shared = replace(tactic, multicast=sharers)
-        if shared.valid and waves(shared, n, batch, gpu) == waves(tactic, n, batch, gpu):
+        if shared.valid and waves(shared, n, batch, gpu) == unshared_waves:
             return shared
     return tactic
 

@@ -50,7 +50,7 @@ def main():
         print(f"{path}: pick / best {geomean(streaming):.3f} over {len(streaming)} streaming cells, "
               f"{geomean(compute):.3f} over {len(compute)} compute-bound; pick not timed in {untimed}")
         for n, k, batch, ratio, pick in found if args.cells else ():
-            print(f"  {n}x{k} M={batch}: {'-' if ratio is None else f'{ratio:.3f}'}  {pick}")
+            print(f"  {n}x{k} M={batch}: {'-' if ratio is None else f'{ratio:.4f}'}  {pick}")
 
 
 if __name__ == "__main__":
