@@ -73,7 +73,7 @@ def default_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, batch_inv
         else HEURISTIC_WEIGHT_ROWS[0]
     tiles = math.ceil(n / rows)
     split = next((s for s in HEURISTIC_SPLITS if s <= most and tiles * s >= target), most)
-    # Wide stages took these picks from 1.09x the best timed tactic to 1.06x (v39: 40 of 40 changed cells
+    # Wide stages took these picks from 1.09x the best timed tactic to 1.06x (v39: 32 of 32 changed cells
     # faster); under batch invariance they would sum in an order that depends on the batch.
     boxes = 1 if batch_invariant else streaming_boxes(rows, acts, split, k)
     return as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split, boxes), boxes))
