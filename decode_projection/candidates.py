@@ -41,8 +41,8 @@ from dataclasses import replace
 from .gpu import H200, GpuSpec
 from .policies import (
     COMPUTE_BOUND_ROWS, HEURISTIC_WEIGHT_ROWS, MIN_STAGES, MOST_CTAS_PER_SM,
-    activation_rows_for, activation_tile_choices, ctas_per_sm, default_tactic, largest_split, predicted_time_us,
-    waves,
+    activation_rows_for, activation_tile_choices, covering_rows, ctas_per_sm, default_tactic, largest_split,
+    predicted_time_us, waves,
 )
 from .tactic import (
     ACTIVATION_ROWS_AS_A, BARRIER_BYTES, FOLDS, K_BOXES, MOST_PARTIALS_OF_FOUR_GROUPS, MULTICASTS, PORTABLE_CLUSTER,
@@ -140,7 +140,7 @@ def filling_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, weight_a
             if tiles_per_wave == 0:
                 continue
             wave = 1
-            while (rows := 8 * math.ceil(n / (8 * wave * tiles_per_wave))) > rows_cap:
+            while (rows := covering_rows(n, wave * tiles_per_wave)) > rows_cap:
                 wave += 1
             if weight_as_b and SplitKTactic(rows, acts, split, 2, weight_as_b=True).reallocates_registers:
                 rows = 16 * math.ceil(rows / 16)  # wgmma N, halved where registers are reallocated, is 8k

@@ -42,6 +42,11 @@ SM_FLOPS_PER_US = 5.1e6  # dense BF16 wgmma per SM as fitted, ~70% of the datash
 SM_BYTES_PER_US = 50e3  # HBM bytes one SM pulls at most, as fitted (~50 GB/s: 132 SMs reach 6.6 TB/s)
 
 
+def covering_rows(n: int, tiles: int, *, multiple: int = 8) -> int:
+    """The fewest weight rows per tile, a multiple of ``multiple``, with which ``tiles`` tiles cover ``n`` rows."""
+    return multiple * math.ceil(n / (multiple * tiles))
+
+
 def activation_rows_for(batch: int) -> int:
     """The smallest legal activation tile covering ``batch`` (256 for larger batches)."""
     return next((rows for rows in ACTIVATION_ROWS if rows >= batch), ACTIVATION_ROWS[-1])
@@ -94,7 +99,7 @@ def filling_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTac
     # lost to the split rule (24 rows: 1.10-1.16x against 1.05-1.06x, v30a-v39).
     if gpu.sm_count < 1:
         return None
-    rows = 8 * math.ceil(math.ceil(n / gpu.sm_count) / 8)
+    rows = covering_rows(n, gpu.sm_count)
     if not MIN_FILLING_ROWS <= rows <= WEIGHT_ROWS[-1]:
         return None
     acts = activation_rows_for(batch)
@@ -113,7 +118,7 @@ def shared_weight_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> Spl
     pairs = SHARED_WEIGHT_PAIRS
     if activation_rows_for(batch) != ACTIVATION_ROWS[-1] or not gpu.clusters_at_once(pairs):
         return None
-    rows = 8 * pairs * math.ceil(math.ceil(n / gpu.clusters_at_once(pairs)) / (8 * pairs))
+    rows = covering_rows(n, gpu.clusters_at_once(pairs), multiple=8 * pairs)
     if not MIN_SHARED_WEIGHT_ROWS <= rows <= WEIGHT_ROWS_AS_B[-1]:
         return None
     acts = ACTIVATION_ROWS[-1] // pairs

@@ -155,13 +155,13 @@ def table_summation_order(key: TableKey, tables=None):
     return next(iter(found.values())).summation_order if key.batch_invariant and found else None
 
 
-def invariant_orders(gpu: str, sm_count: int, shapes, weight_dtype, output_dtype, tables=None) -> dict:
-    """``{(n, k): (split, k boxes)}``: the order the batch-invariant table sums each of ``shapes`` in, where it
-    holds the shape."""
+def invariant_orders(gpu: str, sm_count: int, shapes, weight_dtype, output_dtype) -> dict:
+    """``{(n, k): (split, k boxes)}``: the order the shipped batch-invariant table sums each of ``shapes`` in, where
+    it holds the shape (what a re-tune of the shipped tables keeps)."""
     found = {}
     for n, k in shapes:
         key = TableKey(gpu, sm_count, n, k, dtype_name(weight_dtype), dtype_name(output_dtype), True)
-        order = table_summation_order(key, tables)
+        order = table_summation_order(key, shipped_tables())
         if order is not None:
             found[n, k] = order
     return found
