@@ -24,6 +24,7 @@ from torch.autograd.graph import increment_version
 from .projection import _compile_lock
 from .rowwise import (
     VECTOR,
+    check_dtype,
     check_launch_flag,
     check_no_overlap,
     check_rows_alignment,
@@ -34,7 +35,6 @@ from .rowwise import (
     rows_view,
     vectors,
 )
-from .runtime import architecture
 
 THREADS = 128  # vectors (of 8 outputs) per CTA
 
@@ -81,9 +81,16 @@ class SiluAndMul:
             vectors(out, row)[None, i].store((silu * u).to(out.element_type))
 
 
-@cache
 def compile_silu_and_mul(dtype, arch, programmatic_launch=True):
     """The SiLU-and-mul kernel for one dtype, compiled once (symbolic batch, width, pitches and pointers)."""
+    check_dtype("silu_and_mul", dtype)
+    check_launch_flag("silu_and_mul", programmatic_launch)
+    return _compile(dtype, arch, programmatic_launch)
+
+
+@cache
+def _compile(dtype, arch, programmatic_launch):
+    """compile_silu_and_mul on normalized arguments (one entry however they were passed)."""
     with _compile_lock:  # cute.compile is not thread-safe
         return cute.compile(SiluAndMul(programmatic_launch), fake_rows(dtype), fake_rows(dtype), fake_rows(dtype),
                             make_fake_stream(), options=f"--gpu-arch={arch}")
@@ -98,7 +105,7 @@ def silu_and_mul(x, *, out=None, programmatic_launch=True):
     capturing a CUDA graph.
     """
     op = "silu_and_mul"
-    check_tensor(op, "input", x, dims=2)
+    arch = check_tensor(op, "input", x, dims=2)
     rows, width = x.shape
     if width == 0 or width % (2 * VECTOR):
         raise ValueError(f"{op} input must be [M, 2N] with N a positive multiple of {VECTOR}, got {tuple(x.shape)}")
@@ -116,7 +123,7 @@ def silu_and_mul(x, *, out=None, programmatic_launch=True):
     if rows == 0:
         return out
     check_no_overlap(op, ("output", out), [("input", x, False)])
-    code = compile_silu_and_mul(x.dtype, architecture(x.device), programmatic_launch)
+    code = compile_silu_and_mul(x.dtype, arch, programmatic_launch)
     launch(op, code, x.device, rows_view(x[:, :n]), rows_view(x[:, n:]), rows_view(out))
     increment_version(out)
     return out

@@ -35,6 +35,7 @@ from torch.autograd.graph import increment_version
 from .projection import _compile_lock
 from .rowwise import (
     VECTOR,
+    check_dtype,
     check_launch_flag,
     check_no_overlap,
     check_rows_alignment,
@@ -47,7 +48,6 @@ from .rowwise import (
     vector_view,
     vectors,
 )
-from .runtime import architecture
 
 THREADS = 128  # per CTA (one row): 7 vectors a thread at H = 7168
 UNROLL = 4  # vectors a thread loads before it needs the first
@@ -149,9 +149,16 @@ class RMSNorm:
         return total
 
 
-@cache
 def compile_rms_norm(dtype, fused_residual, arch, programmatic_launch=True):
     """The norm kernel for one dtype and variant, compiled once (symbolic batch, width, pitches and pointers)."""
+    check_dtype("rms_norm", dtype)
+    check_launch_flag("rms_norm", programmatic_launch)
+    return _compile(dtype, bool(fused_residual), arch, programmatic_launch)
+
+
+@cache
+def _compile(dtype, fused_residual, arch, programmatic_launch):
+    """compile_rms_norm on normalized arguments (one entry however they were passed)."""
     rows = fake_rows(dtype)
     # Unfused, the residual operands are placeholders the kernel never touches.
     args = (rows, fake_vector(dtype), fake_rows(dtype), fake_rows(dtype), fake_rows(dtype), cutlass.Float32(0.0))
@@ -178,8 +185,9 @@ def _check_output(op, name, tensor, like):
 
 
 def _check_inputs(op, x, weight, eps, programmatic_launch, residual=None):
-    """Raise a TypeError/ValueError naming whatever the norm kernel cannot take about its inputs."""
-    check_tensor(op, "input", x, dims=2)
+    """Raise a TypeError/ValueError naming whatever the norm kernel cannot take about its inputs; returns the
+    ``--gpu-arch`` of their device."""
+    arch = check_tensor(op, "input", x, dims=2)
     check_rows_alignment(op, "input", x)
     check_tensor(op, "weight", weight, dims=1, dtype=x.dtype, device=x.device)
     if weight.shape[0] != x.shape[1]:
@@ -193,8 +201,7 @@ def _check_inputs(op, x, weight, eps, programmatic_launch, residual=None):
         check_rows_alignment(op, "residual", residual)
     check_eps(op, eps)
     check_launch_flag(op, programmatic_launch)
-    if x.shape[1] == 0:
-        raise ValueError(f"{op} input rows are empty: {tuple(x.shape)}")
+    return arch
 
 
 def rms_norm(x, weight, eps=1e-6, *, out=None, programmatic_launch=True):
@@ -206,7 +213,7 @@ def rms_norm(x, weight, eps=1e-6, *, out=None, programmatic_launch=True):
     per dtype compiles (about a second): make it before capturing a CUDA graph.
     """
     op = "rms_norm"
-    _check_inputs(op, x, weight, eps, programmatic_launch)
+    arch = _check_inputs(op, x, weight, eps, programmatic_launch)
     if out is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     else:
@@ -214,7 +221,7 @@ def rms_norm(x, weight, eps=1e-6, *, out=None, programmatic_launch=True):
     if x.shape[0] == 0:
         return out
     check_no_overlap(op, ("output", out), [("input", x, True), ("weight", weight, False)])
-    code = compile_rms_norm(x.dtype, False, architecture(x.device), programmatic_launch)
+    code = compile_rms_norm(x.dtype, False, arch, programmatic_launch)
     x_view = rows_view(x)
     # The residual operands of the unfused kernel are never read: any rows of the right type do.
     launch(op, code, x.device, x_view, vector_view(weight), rows_view(out), x_view, x_view, cutlass.Float32(eps))
@@ -230,7 +237,7 @@ def fused_add_rms_norm(x, residual, weight, eps=1e-6, *, out=None, residual_out=
     ``fused_add_rms_norm``; ``residual_out=x`` works too. ``out`` and ``residual_out`` must not overlap.
     """
     op = "fused_add_rms_norm"
-    _check_inputs(op, x, weight, eps, programmatic_launch, residual)
+    arch = _check_inputs(op, x, weight, eps, programmatic_launch, residual)
     outputs = {}
     for name, given in (("output", out), ("residual_out", residual_out)):
         if given is None:
@@ -248,7 +255,7 @@ def fused_add_rms_norm(x, residual, weight, eps=1e-6, *, out=None, residual_out=
         ("weight", weight, False)])
     check_no_overlap(op, ("residual_out", residual_out), [
         ("input", x, True), ("residual", residual, True), ("weight", weight, False)])
-    code = compile_rms_norm(x.dtype, True, architecture(x.device), programmatic_launch)
+    code = compile_rms_norm(x.dtype, True, arch, programmatic_launch)
     launch(op, code, x.device, rows_view(x), vector_view(weight), rows_view(out), rows_view(residual),
            rows_view(residual_out), cutlass.Float32(eps))
     increment_version(out)

@@ -20,7 +20,7 @@ import torch
 from cutlass.cute.runtime import make_fake_tensor
 
 from .projection import _describe, _overlaps
-from .runtime import current_stream, to_cute
+from .runtime import architecture, current_stream, to_cute
 
 VECTOR = 8  # 16-bit elements per 16-byte load or store
 ALIGN = 16  # bytes: base address, row pitch and row length granularity
@@ -66,8 +66,9 @@ def vector_view(tensor):
 
 
 def check_tensor(op, name, tensor, *, dims, dtype=None, device=None):
-    """Raise a TypeError/ValueError unless ``tensor`` is a ``dims``-D BF16/FP16 CUDA tensor (of ``dtype``, on
-    ``device`` where given) with unit stride along its last dimension, not a negated view."""
+    """Raise a TypeError/ValueError unless ``tensor`` is a ``dims``-D BF16/FP16 tensor with unit stride along its last
+    dimension, not a negated view, of ``dtype`` and on ``device`` where given, else (the input) on a Hopper GPU,
+    whose ``--gpu-arch`` it then returns."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{op} {name} must be a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dim() != dims:
@@ -77,21 +78,28 @@ def check_tensor(op, name, tensor, *, dims, dtype=None, device=None):
         raise ValueError(f"{op} {name} must be BF16 or FP16, got {tensor.dtype}")
     if dtype is not None and tensor.dtype != dtype:
         raise ValueError(f"{op} {name} dtype {tensor.dtype} != input dtype {dtype}")
-    if tensor.device.type != "cuda":
-        raise ValueError(f"{op} runs on CUDA devices (Hopper, sm_90a); {name} is on {tensor.device}")
-    if device is not None and tensor.device != device:
+    arch = None
+    if device is None:
+        try:
+            arch = architecture(tensor.device)  # a CUDA device of compute capability 9.0
+        except ValueError as error:
+            raise ValueError(f"{op} {name}: {error}") from None
+    elif tensor.device != device:
         raise ValueError(f"{op} {name} is on {tensor.device}, the input on {device}")
     if tensor.is_neg():
         # A lazily negated view: the kernel would read or write its storage as is.
         raise ValueError(f"{op} {name} is a negated view; resolve it first (tensor.resolve_neg())")
     if tensor.numel() and tensor.stride(-1) != 1:
         raise ValueError(f"{op} {name} needs unit stride along its last dimension, got {_describe(tensor)}")
+    return arch
 
 
 def check_rows_alignment(op, name, tensor):
     """Raise a ValueError unless a 2-D ``tensor``'s rows are 16-byte vectors: aligned base, pitch and width."""
     rows, width = tensor.shape
     pitch = tensor.stride(0) if rows > 1 else 0
+    if width == 0:
+        raise ValueError(f"{op} {name} rows are empty: {_describe(tensor)}")
     if width % VECTOR:
         raise ValueError(f"{op} {name} width must be a multiple of {VECTOR}, got {_describe(tensor)}")
     if pitch % VECTOR or tensor.data_ptr() % ALIGN:
@@ -101,6 +109,12 @@ def check_rows_alignment(op, name, tensor):
         raise ValueError(f"{op} {name} rows overlap (an expanded or strided view?): {_describe(tensor)}")
     if rows > MOST_ROWS:
         raise ValueError(f"{op} {name} has {rows} rows, more than a launch's {MOST_ROWS}")
+
+
+def check_dtype(op, dtype):
+    """Raise a ValueError unless the kernels take ``dtype``."""
+    if dtype not in ELEMENT_DTYPES:
+        raise ValueError(f"{op} takes {' or '.join(map(str, ELEMENT_DTYPES))}, got {dtype}")
 
 
 def check_launch_flag(op, programmatic_launch):
