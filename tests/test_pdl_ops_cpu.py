@@ -292,3 +292,13 @@ def test_compile_functions_refuse_what_they_cannot_build():
         norm.compile_rms_norm(torch.float32, False, "sm_90a")
     with pytest.raises(TypeError, match="silu_and_mul programmatic_launch must be a bool"):
         activation.compile_silu_and_mul(BF16, "sm_90a", "yes")
+
+
+def test_benchmark_script_pairs_each_op_with_a_projection_it_feeds():
+    from .test_scripts_cpu import load_script
+
+    script = load_script("glue_ops")
+    assert script.follows("rms_norm", 7168) and script.follows("silu_and_mul", 4224)
+    assert not script.follows("rms_norm", 1536)
+    for op, (n, k) in script.FOLLOWING.items():
+        assert k in (script.SILU_WIDTHS if op == "silu_and_mul" else script.NORM_WIDTHS), op
