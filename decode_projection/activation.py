@@ -49,6 +49,7 @@ class SiluAndMul:
     def __init__(self, programmatic_launch: bool = True, threads: int = THREADS):
         if threads % 32 or not 32 <= threads <= 1024:
             raise ValueError(f"SiluAndMul threads must be a multiple of 32 in 32..1024, got {threads}")
+        # The launch attribute only: without it the kernel's griddepcontrol instructions do nothing.
         self.programmatic_launch = programmatic_launch
         self.threads = threads
 

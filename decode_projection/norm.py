@@ -7,8 +7,8 @@ For each row ``m`` of ``x [M, H]`` (BF16 or FP16) and a ``weight [H]`` of the sa
 
 All arithmetic is FP32 and every output is rounded once: ``s`` to the input dtype (it is written out, as the
 residual stream the next block adds to), ``y`` after the weight multiply. The norm is taken of the rounded ``s``,
-so the fused ``y`` is bitwise ``rms_norm(s)`` of the ``s`` it wrote. (PyTorch's and vLLM's formulas round
-``x * rstd`` before multiplying by the weight: two roundings.)
+so the fused ``y`` is bitwise ``rms_norm(s)`` of the ``s`` it wrote. (vLLM's kernel and the formula models write
+out round ``x * rstd`` before multiplying by the weight: two roundings.)
 
 One CTA per row. Each thread takes the row's 16-byte vectors ``thread, thread + T, ...``; the first pass sums
 their squares (and, fused, adds the residual and writes ``s``), the second scales them and writes ``y``. The sum
@@ -50,7 +50,7 @@ from .rowwise import (
 )
 
 THREADS = 128  # per CTA (one row): 7 vectors a thread at H = 7168
-UNROLL = 4  # vectors a thread loads before it needs the first
+UNROLL = 4  # each pass unrolled 4 times: up to 4 of a thread's 16-byte loads in flight
 
 
 class RMSNorm:
@@ -65,6 +65,7 @@ class RMSNorm:
         if threads % 32 or not 32 <= threads <= 1024:
             raise ValueError(f"RMSNorm threads must be a multiple of 32 in 32..1024, got {threads}")
         self.fused_residual = fused_residual
+        # The launch attribute only: without it the kernel's griddepcontrol instructions do nothing.
         self.programmatic_launch = programmatic_launch
         self.threads = threads
 

@@ -4,8 +4,8 @@ The glue kernels compute in FP32 and round each output once, so every element mu
 the float64 value: within one unit in the last place of the output dtype (FP32's own error, about 1e-6 relative
 here, is a thousandth of a BF16 ulp). That is checked element by element, and, as for the projection
 (``checks.py``), the relative Frobenius error must be at most twice what PyTorch's own ops make on the same
-inputs. PyTorch's formulas round twice (``x * rstd`` before the weight, ``silu(g)`` before ``* up``), so their
-elements may be further off; the ulp bound is the stricter of the two for us. The worst element's coordinates
+inputs. The PyTorch formulas round twice (``x * rstd`` before the weight as models write it out, ``silu(g)``
+before ``* up``), so their elements may be further off; the ulp bound is the stricter of the two for us. The worst element's coordinates
 are printed on failure.
 """
 
