@@ -15,8 +15,8 @@ stream start while the glue still runs (it triggers its dependents as it starts)
 projection is timed both with programmatic launch and plain. Every output of ours is checked against float64
 (decode_projection.ops_reference) before it is timed. Needs a Hopper GPU.
 
-    python scripts/glue_ops.py
-    python scripts/glue_ops.py --batches 1,8,64 --no-pairs --json glue.json
+    python benchmarks/glue_ops.py
+    python benchmarks/glue_ops.py --batches 1,8,64 --no-pairs --json glue.json
 """
 
 import argparse
