@@ -143,13 +143,14 @@ class ProjectionLinear(nn.Module):
     faster between kernels that never trigger their dependents (PreparedProjection).
 
     The layer prepares again on its own after ``.to()``, ``.half()``, weight
-    assignment, ``load_state_dict(assign=True)`` or ``weight.data = ...``. A new
-    weight of the same shape and dtype on the same device is written into the
-    descriptors the layer's kernels already use, so a CUDA graph captured before
-    computes with it, as one over ``nn.Linear`` does. A weight of another shape,
-    dtype or device gets a new projection: CUDA graphs captured before must be
-    captured again (the layer warns where its kernel had run). A
-    ``DECODE_PROJECTION_TABLES`` that names no usable table raises.
+    assignment and ``load_state_dict(assign=True)``, and at its next eager call
+    after ``weight.data = ...``. A new weight of the same shape and dtype on the
+    same device is written into the descriptors the layer's kernels already use,
+    so a CUDA graph captured before computes with it, as one over ``nn.Linear``
+    does. A weight of another shape, dtype or device gets a new projection: CUDA
+    graphs captured before must be captured again (the layer warns where its
+    kernel had run). A ``DECODE_PROJECTION_TABLES`` that names no usable table
+    raises.
     """
 
     def __init__(self, weight, bias=None, *, batches=(1, 2, 4, 8, 16, 32, 64), output_dtype=None,
