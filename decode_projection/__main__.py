@@ -2,6 +2,7 @@
 
 import argparse
 import datetime
+import logging
 import os
 import platform
 import sys
@@ -67,6 +68,13 @@ def positive_int(text):
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
     return value
+
+
+def configure_logging(verbose: bool) -> None:
+    """The library's messages on stderr: INFO (which tables it used, the tuner's progress), DEBUG with ``-v``
+    (every compile). Only the command line configures logging; the library never does."""
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("decode_projection").setLevel(logging.DEBUG if verbose else logging.INFO)
 
 
 def hopper_available():
@@ -193,6 +201,7 @@ def tune(args):
 def main(argv=None):
     """Parse arguments and run a subcommand."""
     parser = argparse.ArgumentParser(prog="python -m decode_projection", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="also log every kernel compile (DEBUG)")
     commands = parser.add_subparsers(dest="command", required=True)
 
     def common(sub):
@@ -243,6 +252,7 @@ def main(argv=None):
     run_tune.add_argument("--update", action="store_true",
                           help="keep the cells of the existing --out table that this run does not tune")
     args = parser.parse_args(argv)
+    configure_logging(args.verbose)
     if args.command == "tune" and args.update and args.batch_invariant_out:
         parser.error("--update re-tunes some cells of a free table; a batch-invariant order needs every batch")
     if args.command == "tune" and args.update and not Path(args.out).is_file():

@@ -2,12 +2,14 @@
 clusters of each size run at once (a cluster's CTAs share a GPC, so fewer fit than SMs / size)."""
 
 import functools
-import sys
+import logging
 from dataclasses import dataclass
 
 import torch
 
 from .tactic import PORTABLE_CLUSTER, SMEM_PER_SM
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -61,5 +63,5 @@ def measured_cluster_slots(index: int) -> tuple[int, ...]:
             info = cutlass.utils.HardwareInfo(index)
             return tuple(info.get_max_active_clusters(size) for size in range(1, PORTABLE_CLUSTER + 1))
         except RuntimeError as error:
-            print(f"cluster residency not measured ({error}): assuming SMs / cluster size", file=sys.stderr)
+            logger.warning("cluster residency not measured (%s): assuming SMs / cluster size", error)
             return ()

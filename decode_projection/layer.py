@@ -7,12 +7,15 @@ without graph breaks and CUDA graphs capture it. The op finds the prepared
 projection through a registry handle (an int: custom ops cannot take Python
 objects) and dispatches by batch; batches without a tactic, CPU inputs and
 dtypes the kernel does not take fall back to ``F.linear``. Every fallback is
-counted on the layer (``fallbacks``), never silent. A batch-invariant layer
-never falls back for a batch: it runs the rows in the batches it holds (the
-largest, then the rest zero-padded), each of which sums in the one order.
+counted on the layer (``fallbacks``), and the first one of each layer is logged
+as a warning with its reason. A batch-invariant layer never falls back for a
+batch: it runs the rows in the batches it holds (the largest, then the rest
+zero-padded), each of which sums in the one order.
 """
 
 import itertools
+import logging
+import warnings
 import weakref
 from collections import Counter
 
@@ -20,23 +23,41 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .gpu import gpu_spec
-from .policies import resolve_policies
-from .projection import OUTPUT_DTYPES, WEIGHT_DTYPES, PreparedProjection, check_weight
+from .projection import OUTPUT_DTYPES, WEIGHT_DTYPES, PreparedProjection, check_batches, check_weight, policies_for
 from .runtime import architecture
+
+logger = logging.getLogger(__name__)
 
 # Layers by handle; weak, so a dropped layer does not live on here.
 _registry = weakref.WeakValueDictionary()
 _handles = itertools.count(1)
 
+RECAPTURE_WARNING = (
+    "ProjectionLinear prepared a new projection for a weight of another shape, dtype or device: CUDA graphs "
+    "captured before still launch the old kernels with descriptors of the old weight, which is no longer kept; "
+    "capture them again before they replay"
+)
+
+
+def registered_layer(handle: int) -> "ProjectionLinear":
+    """The live layer ``handle`` names; a ValueError saying why where none does."""
+    layer = _registry.get(handle)
+    if layer is None:
+        raise ValueError(
+            f"decode_projection::project: handle {handle} names no live ProjectionLinear in this process (the layer "
+            "was garbage-collected, or the graph calling the op was traced from another layer or process); "
+            "trace it again from the live layer"
+        )
+    return layer
+
 
 @torch.library.custom_op("decode_projection::project", mutates_args=())
 def project(x: torch.Tensor, weight: torch.Tensor, handle: int, out_dtype: torch.dtype) -> torch.Tensor:
     """``x @ weight^T`` through the prepared projection ``handle``, else ``F.linear``."""
-    layer = _registry[handle]
+    layer = registered_layer(handle)
     rows = x.reshape(-1, x.shape[-1])
     prepared = layer.prepared
-    if prepared is not None and prepared._storage(weight) != prepared._prepared_storage:
+    if prepared is not None and not prepared.is_prepared_for(weight):
         # The weight was replaced behind the module's back (``layer.weight.data = ...``).
         if torch.cuda.is_current_stream_capturing():
             raise ValueError("ProjectionLinear's weight changed since it was prepared; call prepare() before capturing")
@@ -44,8 +65,14 @@ def project(x: torch.Tensor, weight: torch.Tensor, handle: int, out_dtype: torch
         prepared = layer.prepared
     held = prepared.kernels if prepared is not None else {}
     if rows.shape[0] not in held and not (layer.batch_invariant and held and rows.shape[0] > 0):
-        layer.fallbacks["batch without a tactic" if prepared is not None else "not prepared"] += 1
+        if prepared is None:
+            layer.fall_back("not prepared", lambda: layer.unsupported or "no prepared projection")
+        else:
+            layer.fall_back("batch without a tactic",
+                            lambda: f"batch {rows.shape[0]} has no tactic (prepared batches {sorted(held)})")
         return F.linear(x, weight).to(out_dtype)
+    if not layer._launched:  # nn.Module attribute stores are slow: once per projection
+        layer._launched = True
     pitch = rows.stride(0) * rows.element_size()
     if rows.stride(1) != 1 or rows.data_ptr() % 16 or (rows.shape[0] > 1 and (pitch % 16 or rows.stride(0) < rows.shape[1])):
         rows = rows.clone(memory_format=torch.contiguous_format)  # TMA wants dense, 16-byte aligned rows
@@ -82,7 +109,7 @@ def default_output_dtype(weight_dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if weight_dtype == torch.float16 else weight_dtype
 
 
-def check_arguments(weight, bias, output_dtype, batch_invariant, programmatic_launch):
+def check_arguments(weight, bias, batches, output_dtype, batch_invariant, programmatic_launch):
     """Raise a TypeError/ValueError naming what ProjectionLinear cannot take."""
     if not isinstance(weight, torch.Tensor):
         raise TypeError(f"ProjectionLinear weight must be a torch.Tensor, got {type(weight).__name__}")
@@ -94,6 +121,7 @@ def check_arguments(weight, bias, output_dtype, batch_invariant, programmatic_la
         if tuple(bias.shape) != (weight.shape[0],) or bias.dtype != weight.dtype or bias.device != weight.device:
             raise ValueError(f"ProjectionLinear bias must be ({weight.shape[0]},) {weight.dtype} on {weight.device} "
                              f"like the weight, got {tuple(bias.shape)} {bias.dtype} on {bias.device}")
+    check_batches(batches, "ProjectionLinear")
     if output_dtype is not None and output_dtype not in OUTPUT_DTYPES:
         raise ValueError(f"ProjectionLinear output dtype must be one of {list(OUTPUT_DTYPES)}, got {output_dtype}")
     for name, flag in (("batch_invariant", batch_invariant), ("programmatic_launch", programmatic_launch)):
@@ -113,17 +141,25 @@ class ProjectionLinear(nn.Module):
     casts, as the ``nn.Linear`` it replaces would. ``programmatic_launch=False``
     launches the kernel without programmatic dependent launch, which measured
     faster between kernels that never trigger their dependents (PreparedProjection).
+
+    The layer prepares again on its own after ``.to()``, ``.half()``, weight
+    assignment and ``load_state_dict(assign=True)``, and at its next eager call
+    after ``weight.data = ...``. A new weight of the same shape and dtype on the
+    same device is written into the descriptors the layer's kernels already use,
+    so a CUDA graph captured before computes with it, as one over ``nn.Linear``
+    does. A weight of another shape, dtype or device gets a new projection: CUDA
+    graphs captured before must be captured again (the layer warns where its
+    kernel had run). A ``DECODE_PROJECTION_TABLES`` that names no usable table
+    raises.
     """
 
     def __init__(self, weight, bias=None, *, batches=(1, 2, 4, 8, 16, 32, 64), output_dtype=None,
                  batch_invariant=False, programmatic_launch=True):
         super().__init__()
-        check_arguments(weight, bias, output_dtype, batch_invariant, programmatic_launch)
+        check_arguments(weight, bias, batches, output_dtype, batch_invariant, programmatic_launch)
         self.weight = nn.Parameter(weight.detach(), requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         self.batches = tuple(batches)
-        if not all(isinstance(batch, int) and batch >= 1 for batch in self.batches):
-            raise ValueError(f"ProjectionLinear batches must be positive ints, got {self.batches}")
         self.requested_output_dtype = output_dtype  # None: the weight's default, whatever dtype it is cast to
         self.output_dtype = output_dtype or default_output_dtype(weight.dtype)
         self.batch_invariant = batch_invariant
@@ -131,6 +167,8 @@ class ProjectionLinear(nn.Module):
         self.fallbacks = Counter()
         self.prepared = None
         self.unsupported = None
+        self._launched = False  # whether the current projection's kernel has run (CUDA graphs may hold it)
+        self._warned_fallback = False
         self._register()
         self.prepare()
 
@@ -148,6 +186,7 @@ class ProjectionLinear(nn.Module):
     def __setstate__(self, state):
         state.setdefault("requested_output_dtype", state["output_dtype"])  # pickled before it was kept apart
         self.__dict__.update(state)
+        self._launched, self._warned_fallback = False, False  # a new layer, whose kernel never ran
         self._register()
         self.prepare()
 
@@ -157,27 +196,65 @@ class ProjectionLinear(nn.Module):
         return cls(linear.weight, linear.bias, **options)
 
     def prepare(self):
-        """(Re)build the prepared projection for the weight as it is now; CPU or unsupported: none."""
-        if self.prepared is not None:
-            # Launches on any stream may still read the old projection's descriptors, freed with it.
-            torch.cuda.synchronize(self.prepared.device)
-        self.prepared, self.unsupported = None, None
-        weight = self.weight
+        """(Re)build the prepared projection for the weight as it is now; CPU or unsupported: none.
+
+        The projection is prepared again in place where the weight keeps its shape, dtype and device (CUDA graphs
+        captured before then compute with the new weight), else replaced (see the class docstring).
+        """
+        weight = self.weight.data
+        self.unsupported = None
         if weight.device.type != "cuda" or weight.dtype not in WEIGHT_DTYPES:
+            self._replace_projection(None)
             return
         try:
             architecture(weight.device)
-            check_weight(weight.data)
-            n, k = weight.shape
-            policies, _ = resolve_policies(
-                n, k, self.batches, gpu=gpu_spec(weight.device), weight_dtype=weight.dtype,
-                output_dtype=self.output_dtype, batch_invariant=self.batch_invariant,
-            )
-            # Also refuses a second GPU in one process (projection._claim_device): that layer falls back.
-            self.prepared = PreparedProjection(weight.data, policies, output_dtype=self.output_dtype,
-                                               programmatic_launch=self.programmatic_launch).prepare()
+            check_weight(weight)
         except ValueError as error:
+            self._replace_projection(None)
             self.unsupported = str(error)
+            return
+        # Outside the fallback below: a DECODE_PROJECTION_TABLES naming no usable table is the user's mistake, and
+        # every layer quietly computing with F.linear would hide it.
+        policies, _ = policies_for(weight, self.batches, output_dtype=self.output_dtype,
+                                   batch_invariant=self.batch_invariant)
+        current = self.prepared
+        try:
+            if current is not None and current._layout(weight) == current._layout(current.weight):
+                current.weight, current.policies = weight, policies
+                current.output_dtype, current.programmatic_launch = self.output_dtype, self.programmatic_launch
+                current.prepare()
+            else:
+                self._replace_projection(PreparedProjection(weight, policies, output_dtype=self.output_dtype,
+                                                            programmatic_launch=self.programmatic_launch).prepare())
+        except ValueError as error:
+            # Also refuses a second GPU in one process (projection._claim_device): that layer falls back.
+            self._replace_projection(None)
+            self.unsupported = str(error)
+
+    def _replace_projection(self, replacement):
+        """Drop the current projection for ``replacement`` (or None), warning where CUDA graphs may hold it."""
+        current = self.prepared
+        if current is not None and current is not replacement:
+            # Its descriptors are never reused while launches may read them, but the old weight goes back to the
+            # caching allocator with it, whatever stream a queued launch reads it on.
+            torch.cuda.synchronize(current.device)
+            if self._launched:
+                warnings.warn(RECAPTURE_WARNING, stacklevel=2)
+        self.prepared = replacement
+        self._launched = False
+
+    def fall_back(self, reason: str, describe):
+        """Count a fallback to F.linear under ``reason``; the layer's first one is logged with ``describe()``.
+
+        Code torch.compile traces only counts (a log call would break the graph); eager calls and the custom op,
+        which runs outside the graph, log.
+        """
+        self.fallbacks[reason] += 1
+        if not torch.compiler.is_compiling() and not self._warned_fallback:
+            self._warned_fallback = True
+            n, k = self.weight.shape
+            logger.warning("ProjectionLinear(in_features=%d, out_features=%d) computes with F.linear: %s (%s; "
+                           "counted in .fallbacks, logged once per layer)", k, n, reason, describe())
 
     def _apply(self, fn, *args, **kwargs):
         """Moving or casting the module re-prepares the projection for the new weight; a cast takes a default
@@ -197,7 +274,10 @@ class ProjectionLinear(nn.Module):
     def forward(self, x):
         """``x @ W^T (+ b)`` by the prepared kernel where it can take ``x``, else ``F.linear`` (counted)."""
         if self.prepared is None or x.device != self.weight.device or x.dtype != self.weight.dtype:
-            self.fallbacks["unsupported device or dtype"] += 1
+            weight = self.weight
+            self.fall_back("unsupported device or dtype", lambda: self.unsupported or (
+                f"weight {weight.dtype} on {weight.device}, input {x.dtype} on {x.device}; the kernel takes BF16/FP16 "
+                "on a Hopper GPU, the input as the weight"))
             return F.linear(x, self.weight, self.bias).to(self.output_dtype)
         out = project(x, self.weight, self.handle, self.output_dtype)
         return out if self.bias is None else out + self.bias

@@ -3,13 +3,17 @@
 A projection is prepared once per weight: every padded batch in its policy
 table gets compiled code (from a cache keyed on code only, so every weight of
 every shape shares it) and the weight's TMA descriptor for that tactic's tile
-height, stored in device memory next to the weight. ``run`` then validates its
-arguments on the host and launches; it allocates nothing, never synchronizes
-and can be captured in a CUDA graph.
+height, stored in device memory that no other allocation reuses while launches
+may read it. ``run`` then validates its arguments on the host and launches; it
+allocates nothing, never synchronizes and can be captured in a CUDA graph.
 """
 
+import logging
+import math
 import threading
+import weakref
 from functools import cache
+from typing import NamedTuple
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -21,14 +25,20 @@ from torch.autograd.graph import increment_version
 from .disk_cache import cached_compile
 from .gpu import gpu_spec
 from .policies import resolve_policies
-from .runtime import architecture, current_stream, tensor_maps, to_cute
+from .runtime import (
+    TensorMapSpec, architecture, capturing, current_stream, tensor_map_slots, tensor_maps, to_cute, write_tensor_map,
+)
 from .splitk import SplitKGemm
+from .tables import dtype_name
 from .tactic import BOX_K, as_tactic
+
+logger = logging.getLogger(__name__)
 
 WEIGHT_DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
 OUTPUT_DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float32: cutlass.Float32}
 TMA_ALIGN = 16  # bytes: TMA base address and row pitch granularity
 MOST_GRID_ROWS = 65535  # CUDA's limit on a grid's y dimension
+MOST_GRID_COLUMNS = 2**31 - 1  # and on its x dimension
 
 # cute.compile is not thread-safe.
 _compile_lock = threading.Lock()
@@ -82,6 +92,7 @@ def _compile(tactic, output_dtype, arch, weight_dtype, programmatic_launch):
     """compile_projection on normalized arguments (a tuple and its SplitKTactic share one entry)."""
 
     def build():
+        logger.debug("compiling %s for %s: %s weights, %s output", tactic, arch, weight_dtype, output_dtype)
         return cute.compile(SplitKGemm(tactic, programmatic_launch), *kernel_arguments(weight_dtype, output_dtype),
                             options=f"--gpu-arch={arch}")
 
@@ -114,10 +125,22 @@ def matrix_view(tensor, *, output=False):
     return result.mark_layout_dynamic(leading_dim=0 if output else 1)
 
 
-def weight_map(weight, rows, l2_promotion=cuda.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B):
-    """Device TMA map of ``weight`` [N, K] (row pitch kept): box {64, rows}, SW128, L2 promotion 128 B by default."""
-    # 128 B, not 256 B: each box row is exactly 128 B, and the wider promotion streamed 2-8% slower
-    # on the H200 with the same DRAM bytes (docs/measurements/2026-12-02-l2-promotion-h200.txt).
+# 128 B, not 256 B: each box row is exactly 128 B, and the wider promotion streamed 2-8% slower
+# on the H200 with the same DRAM bytes (docs/measurements/2026-12-02-l2-promotion-h200.txt).
+L2_PROMOTION = cuda.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+
+
+def weight_map(weight, rows, l2_promotion=L2_PROMOTION):
+    """Device TMA map of ``weight`` [N, K] (row pitch kept): box {64, rows}, SW128, L2 promotion 128 B by default.
+
+    The map is a tensor of the caching allocator: keep it alive until the launches that read it have finished
+    (``record_stream`` for those on other streams), as for any tensor a kernel reads.
+    """
+    return tensor_maps([weight_map_spec(weight, rows, l2_promotion)], weight.device)
+
+
+def weight_map_spec(weight, rows, l2_promotion=L2_PROMOTION) -> TensorMapSpec:
+    """The TMA map spec of ``weight`` [N, K] for loads of ``rows`` rows (weight_map)."""
     check_weight(weight)
     types = cuda.CUtensorMapDataType
     dtype = {
@@ -128,8 +151,7 @@ def weight_map(weight, rows, l2_promotion=cuda.CUtensorMapL2promotion.CU_TENSOR_
     n, k = weight.shape
     # A single row's pitch is never used, and PyTorch may report any stride there.
     pitch = weight.stride(0) * weight.element_size() if n > 1 else -(-k // 8) * 16
-    spec = (weight.data_ptr(), dtype, (k, n), (pitch,), (BOX_K, rows), swizzle, l2_promotion)
-    return tensor_maps([spec], weight.device)
+    return TensorMapSpec(weight.data_ptr(), dtype, (k, n), (pitch,), (BOX_K, rows), swizzle, l2_promotion)
 
 
 # A compiled function loads its module on the device current at its first call
@@ -162,11 +184,11 @@ def check_weight(weight):
         raise ValueError(f"projection weight must be a BF16/FP16 [N, K] matrix, got {tuple(weight.shape)} {weight.dtype}")
     if weight.is_neg():
         raise ValueError("projection weight is a negated view; resolve it first (tensor.resolve_neg())")
+    if min(weight.shape) == 0:  # before the pitch: PyTorch gives an empty tensor whatever strides it likes
+        raise ValueError(f"projection weight is empty: {_describe(weight)}")
     pitch = weight.stride(0) * weight.element_size() if weight.shape[0] > 1 else 0
     if weight.stride(1) != 1 or pitch % TMA_ALIGN or weight.data_ptr() % TMA_ALIGN:
         raise ValueError(f"projection weight rows need unit stride and a 16 B TMA pitch, got {_describe(weight)}")
-    if min(weight.shape) == 0:
-        raise ValueError(f"projection weight is empty: {_describe(weight)}")
     if weight.shape[0] > 1 and weight.stride(0) < weight.shape[1]:
         raise ValueError(f"projection weight rows overlap (an expanded or strided view?): {_describe(weight)}")
     if weight.shape[1] % 8 or max(weight.shape) >= 2**31:
@@ -197,6 +219,73 @@ def _overlaps(a, b):
     return True
 
 
+def is_batch(batch) -> bool:
+    """Whether ``batch`` can be a padded batch of a policy: a positive int (a bool is not one)."""
+    return isinstance(batch, int) and not isinstance(batch, bool) and batch >= 1
+
+
+def check_batches(batches, owner: str) -> tuple:
+    """``batches`` as a tuple of at least one padded batch; else a TypeError/ValueError naming ``owner``."""
+    try:
+        found = tuple(batches)
+    except TypeError:
+        raise TypeError(f"{owner} batches must be an iterable of positive ints, got {batches!r}") from None
+    if not found or not all(map(is_batch, found)):
+        raise ValueError(f"{owner} batches must be positive ints (not bools), at least one, got {found}")
+    return found
+
+
+def grid_columns(tactic, n: int) -> int:
+    """The launch grid's x for an ``n``-row weight: its tiles in whole groups of activation sharers, each tile
+    ``split`` CTAs (SplitKGemm.__call__)."""
+    groups = math.ceil(math.ceil(n / tactic.weight_rows) / tactic.activation_sharers)
+    return groups * tactic.activation_sharers * tactic.split
+
+
+def policies_for(weight, batches, *, output_dtype, batch_invariant=False):
+    """``({batch: tactic}, {batch: "table" | "heuristic"})`` for ``weight`` on its GPU: a table's tactics where
+    one holds the shape (a shipped one, or one named in DECODE_PROJECTION_TABLES), else the heuristic's."""
+    n, k = weight.shape
+    gpu = gpu_spec(weight.device)
+    policies, sources = resolve_policies(n, k, batches, gpu=gpu, weight_dtype=weight.dtype,
+                                         output_dtype=output_dtype, batch_invariant=batch_invariant)
+    mode = " batch-invariant" if batch_invariant else ""
+    _log_policy_sources(gpu.name, f"{n}x{k} {dtype_name(weight.dtype)}->{dtype_name(output_dtype)}{mode}", sources)
+    return policies, sources
+
+
+_logged_policy_sources = set()
+
+
+def _log_policy_sources(gpu: str, shape: str, sources: dict) -> None:
+    """Say, once per GPU, shape and batches, whether a table or the heuristic chose the tactics."""
+    key = (gpu, shape, tuple(sorted(sources.items())))
+    if key in _logged_policy_sources:
+        return
+    _logged_policy_sources.add(key)
+    tabled = sorted(batch for batch, source in sources.items() if source == "table")
+    guessed = sorted(batch for batch, source in sources.items() if source != "table")
+    if not tabled:
+        logger.info("no table for %s holds %s: heuristic tactics", gpu, shape)
+    elif not guessed:
+        logger.info("%s on %s: tactics from a table", shape, gpu)
+    else:
+        logger.info("%s on %s: a table's tactics for batches %s, the heuristic's for %s", shape, gpu, tabled, guessed)
+
+
+class _Launchable(NamedTuple):
+    """What a completed ``prepare()`` hands ``run()``, which reads it once per launch: a ``prepare()`` in another
+    thread then never shows it half built."""
+
+    weight: torch.Tensor
+    storage: tuple  # PreparedProjection._storage(weight) as prepared
+    weight_view: object
+    kernels: dict  # batch -> compiled kernel
+    extra: dict  # batch -> the kernel's extra arguments: the device address of the weight's map
+    output_dtype: torch.dtype
+    device: torch.device
+
+
 class PreparedProjection:
     """Split-K projection with a per-batch tactic table and caller-owned outputs.
 
@@ -208,9 +297,24 @@ class PreparedProjection:
     With it, the first weight stages load before the kernel waits on the
     previous one, which only the activations and the output depend on: a kernel
     that writes the weight and triggers its dependents early must not come just
-    before ``run`` (launch with ``programmatic_launch=False`` there). The
-    weight's TMA descriptors live in device memory owned by this object: keep
-    it alive until the launches that use it have finished.
+    before ``run`` (launch with ``programmatic_launch=False`` there).
+
+    The weight's TMA descriptors live in device slots that nothing else reuses
+    before the device has finished every launch queued while this projection
+    lived: dropping it with launches queued on any stream is safe. A CUDA graph
+    that captured ``run`` holds the descriptors' addresses: keep the projection
+    alive while the graph may replay. ``prepare()`` keeps those addresses for
+    the projection's lifetime. A new weight of the same shape and dtype on the
+    same device is written into the same descriptors, so graphs captured before
+    compute with it, as a graph over ``nn.Linear`` does after a weight is copied
+    in place. A weight of another shape, dtype or device gets descriptors of its
+    own; the old descriptors and the old weight stay alive until the projection
+    dies, and graphs captured before keep computing with the old weight:
+    capture them again.
+
+    ``run`` and ``prepare`` may be called from several threads: a ``run`` while
+    another thread prepares raises a ValueError saying the projection is not
+    prepared; replaying a graph meanwhile is not safe.
     """
 
     def __init__(self, weight, policies, *, output_dtype=torch.bfloat16, programmatic_launch=True):
@@ -218,9 +322,16 @@ class PreparedProjection:
         self.policies = policies
         self._validate()
         self.device = weight.device
-        self.kernels, self.extra, self.maps = {}, {}, {}
         self.policy_sources = dict.fromkeys(self.policies, "given")
-        self._prepared_storage = None
+        self._launchable = None
+        self._launch_lock = threading.Lock()  # held by run() while it checks and launches
+        self._prepare_lock = threading.Lock()  # one prepare() at a time
+        self._maps = {}  # rows -> the slot holding the weight's map for loads of that many rows
+        self._mapped_weight = None  # the weight those maps describe
+        self._superseded_weights = []  # weights of another shape, dtype or device that earlier maps describe
+        self._slots = []  # every slot this projection took, handed back when it dies
+        # Not at exit: the process's device memory goes with it.
+        weakref.finalize(self, tensor_map_slots.give_back, self._slots).atexit = False
 
     def _validate(self):
         """Raise unless the kernel takes the weight, output dtype, launch flag and policies; ``policies`` become
@@ -229,14 +340,20 @@ class PreparedProjection:
         check_launch_options(self.output_dtype, self.programmatic_launch)
         policies = {}
         for batch, tactic in dict(self.policies).items():
-            if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+            if not is_batch(batch):
                 raise ValueError(f"policy batch must be a positive int, got {batch!r}")
             tactic = as_tactic(tactic)
             m_tiles = tactic.grid_rows(batch)
             if m_tiles > MOST_GRID_ROWS:
                 raise ValueError(f"policy batch {batch} needs {m_tiles} activation tiles of {tactic.activation_rows} "
                                  f"rows, more than a launch's {MOST_GRID_ROWS}")
+            columns = grid_columns(tactic, self.weight.shape[0])
+            if columns > MOST_GRID_COLUMNS:
+                raise ValueError(f"{tactic} needs a grid {columns} CTAs wide for {self.weight.shape[0]} weight rows, "
+                                 f"more than a launch's {MOST_GRID_COLUMNS}")
             policies[batch] = tactic
+        if not policies:
+            raise ValueError("a projection needs a policy for at least one batch ({batch: tactic}), got none")
         self.policies = policies
 
     @classmethod
@@ -247,90 +364,132 @@ class PreparedProjection:
         ``policy_sources`` says, per batch, which one was used. The tables were tuned with
         programmatic launch, timed both back to back and after a foreign kernel.
         """
+        batches = check_batches(batches, "for_weight")
         check_weight(weight)
         architecture(weight.device)
-        n, k = weight.shape
-        policies, sources = resolve_policies(
-            n, k, batches, gpu=gpu_spec(weight.device), weight_dtype=weight.dtype,
-            output_dtype=output_dtype, batch_invariant=batch_invariant,
-        )
+        policies, sources = policies_for(weight, batches, output_dtype=output_dtype, batch_invariant=batch_invariant)
         projection = cls(weight, policies, output_dtype=output_dtype, programmatic_launch=programmatic_launch)
         projection.policy_sources = sources
         return projection.prepare()
 
-    def prepare(self):
-        """Compile (or fetch) each batch's kernel and build the weight's device TMA maps, all or nothing.
+    @property
+    def kernels(self) -> dict:
+        """``{batch: compiled kernel}`` of the last completed ``prepare()``; empty before one or after one failed."""
+        launchable = self._launchable
+        return launchable.kernels if launchable is not None else {}
 
-        A re-prepare (after ``weight`` or ``policies`` changed) checks them as the constructor does and replaces
-        every kernel and map; CUDA graphs captured before it hold the old maps' addresses and must be captured again.
+    @property
+    def extra(self) -> dict:
+        """``{batch: the kernel's extra arguments}`` (the weight map's device address) of the last ``prepare()``."""
+        launchable = self._launchable
+        return launchable.extra if launchable is not None else {}
+
+    @property
+    def weight_view(self):
+        """The weight as the kernel takes it, as of the last completed ``prepare()`` (None before one)."""
+        launchable = self._launchable
+        return launchable.weight_view if launchable is not None else None
+
+    def prepare(self):
+        """Compile (or fetch) each batch's kernel and write the weight's device TMA maps, all or nothing.
+
+        A re-prepare (after ``weight`` or ``policies`` changed) checks them as the constructor does. The maps
+        keep their addresses (see the class docstring): a weight of the same shape, dtype and device is written
+        into them, after the device has finished the launches that may read them.
         """
-        # Until this prepare completes, run() refuses: the kernels and maps of an earlier one must never
-        # launch with descriptors this one frees, nor for batches it no longer holds.
-        self._prepared_storage = None
-        self._validate()
-        if self.maps:
-            # Launches on any stream may still read the old descriptors; the caching allocator would hand
-            # their memory to the next allocation on the stream they were made on.
-            torch.cuda.synchronize(self.device)
-        self.kernels, self.extra, self.maps = {}, {}, {}
-        self.device = self.weight.device
-        arch, dtype = architecture(self.device), self.output_dtype
-        kernels, extra = {}, {}
-        with torch.cuda.device(self.device):
+        if capturing():
+            raise RuntimeError("prepare() cannot run while this stream captures a CUDA graph: it may wait for "
+                               "the device; prepare before capturing")
+        with self._prepare_lock:
+            with self._launch_lock:
+                # Until this prepare completes, run() refuses: the maps may be rewritten, the kernels replaced.
+                self._launchable = None
+            self._validate()
+            self.device = self.weight.device
+            arch = architecture(self.device)
+            kernels = {}
             for batch, tactic in self.policies.items():
-                tactic = as_tactic(tactic)
-                code = compile_projection(tactic, dtype, arch, self.weight.dtype, self.programmatic_launch)
+                code = compile_projection(tactic, self.output_dtype, arch, self.weight.dtype, self.programmatic_launch)
                 _claim_device(code, self.device)
                 kernels[batch] = code
-                extra[batch] = self.weight_map(tactic.weight_load_rows)
-        self.kernels, self.extra = kernels, extra
-        self.weight_view = matrix_view(self.weight)
-        self._prepared_storage = self._storage(self.weight)
+            addresses = self._write_maps()
+            extra = {batch: (cutlass.Int64(addresses[tactic.weight_load_rows]),)
+                     for batch, tactic in self.policies.items()}
+            self._launchable = _Launchable(self.weight, self._storage(self.weight), matrix_view(self.weight),
+                                           kernels, extra, self.output_dtype, self.device)
         return self
 
-    def weight_map(self, rows):
-        """The kernel's extra argument: the weight's map for loads of ``rows`` rows."""
-        if rows not in self.maps:
-            self.maps[rows] = weight_map(self.weight, rows)
-        return (cutlass.Int64(self.maps[rows].data_ptr()),)
+    def _write_maps(self) -> dict:
+        """``{rows: device address}`` of the weight's maps for every tactic's loads, written in place where the
+        weight keeps the shape, dtype and device of the weight the maps describe."""
+        weight, mapped = self.weight, self._mapped_weight
+        if self._maps and self._layout(weight) != self._layout(mapped):
+            # Kernels compiled for the old weight read these maps in graphs captured before: the maps and the
+            # weight they describe stay as they are until this projection dies.
+            self._superseded_weights.append(mapped)
+            self._maps = {}
+        if self._maps and self._storage(weight) != self._storage(mapped):
+            # Launches on any stream may still read the maps about to be rewritten.
+            torch.cuda.synchronize(self.device)
+            for rows, slot in self._maps.items():  # also those of earlier policies: their graphs may replay
+                write_tensor_map(slot, weight_map_spec(weight, rows))
+        for rows in {tactic.weight_load_rows for tactic in self.policies.values()} - self._maps.keys():
+            slot = tensor_map_slots.take(self.device)
+            self._slots.append(slot)
+            write_tensor_map(slot, weight_map_spec(weight, rows))
+            self._maps[rows] = slot
+        self._mapped_weight = weight
+        return {rows: slot.data_ptr() for rows, slot in self._maps.items()}
+
+    @staticmethod
+    def _layout(weight):
+        """What a launch captured in a graph assumes of the weight beyond its maps (the kernel reads the weight
+        only through them; its view gives the kernel N, K and the element type): shape, dtype, device."""
+        return tuple(weight.shape), weight.dtype, weight.device
 
     @staticmethod
     def _storage(weight):
         """What the prepared descriptors baked in about the weight."""
         return (weight.data_ptr(), tuple(weight.shape), weight.stride(), weight.dtype, weight.device)
 
-    def _check(self, x, out):
+    def is_prepared_for(self, weight) -> bool:
+        """Whether the last completed ``prepare()`` wrote the maps for ``weight``'s storage as it is now."""
+        launchable = self._launchable
+        return launchable is not None and launchable.storage == self._storage(weight)
+
+    def _check(self, x, out, launchable):
         """Raise a TypeError/ValueError naming whatever about x or out the kernel cannot take."""
         for name, tensor in (("input", x), ("output", out)):
             if not isinstance(tensor, torch.Tensor):
                 raise TypeError(f"projection {name} must be a torch.Tensor, got {type(tensor)}")
             if tensor.dim() != 2:
                 raise ValueError(f"projection {name} must be 2-D, got {_describe(tensor)}")
-            if tensor.device != self.device:
-                raise ValueError(
-                    f"projection {name} is on {tensor.device}, the weight on {self.device}"
-                )
             if tensor.stride(1) != 1:
                 raise ValueError(f"projection {name} rows need unit stride, got {_describe(tensor)}")
             if tensor.is_neg():
                 # A lazily negated view: the kernel reads and writes its storage as is.
                 raise ValueError(f"projection {name} is a negated view; resolve it first (tensor.resolve_neg())")
-        if self._prepared_storage is None:
-            raise ValueError("projection is not prepared: call prepare() first")
-        if self._storage(self.weight) != self._prepared_storage:
+        if launchable is None:
+            raise ValueError("projection is not prepared: call prepare() first (and not while it runs in another "
+                             "thread)")
+        for name, tensor in (("input", x), ("output", out)):
+            if tensor.device != launchable.device:
+                raise ValueError(f"projection {name} is on {tensor.device}, the weight on {launchable.device}")
+        if self._storage(self.weight) != launchable.storage:
             raise ValueError(
                 "projection weight storage changed after prepare(): "
-                f"{_describe(self.weight)}; prepare a new projection"
+                f"{_describe(self.weight)}; call prepare() again"
             )
-        n, k = self.weight.shape
+        weight = launchable.weight
+        n, k = weight.shape
         batch, x_cols = x.shape
-        if batch not in self.kernels or x_cols != k:
+        if batch not in launchable.kernels or x_cols != k:
             raise ValueError(
                 f"projection input {tuple(x.shape)}: prepared batches "
-                f"{sorted(self.kernels)}, K {k}"
+                f"{sorted(launchable.kernels)}, K {k}"
             )
-        if x.dtype != self.weight.dtype:
-            raise ValueError(f"projection input dtype {x.dtype} != weight dtype {self.weight.dtype}")
+        if x.dtype != weight.dtype:
+            raise ValueError(f"projection input dtype {x.dtype} != weight dtype {weight.dtype}")
         x_stride = x.stride(0) if batch > 1 else 0
         if x_stride * x.element_size() % TMA_ALIGN or x.data_ptr() % TMA_ALIGN:
             raise ValueError(
@@ -340,29 +499,38 @@ class PreparedProjection:
             raise ValueError(f"projection input rows overlap: {_describe(x)}")
         if batch >= 2**31:
             raise ValueError(f"projection batch must be below 2^31, got {_describe(x)}")
-        if out.requires_grad and torch.is_grad_enabled():
+        grad = torch.is_grad_enabled()
+        if x.requires_grad and grad:
+            raise ValueError("projection input requires grad, and autograd does not flow through run(): detach it "
+                             "or run under torch.no_grad() (ProjectionLinear's op raises on backward instead)")
+        if out.requires_grad and grad:
             raise ValueError("projection output requires grad: the kernel writes it outside autograd "
                              "(pass one that does not, or run under torch.no_grad())")
-        if out.dtype != self.output_dtype:
-            raise ValueError(f"projection output dtype {out.dtype} != {self.output_dtype}")
+        if out.dtype != launchable.output_dtype:
+            raise ValueError(f"projection output dtype {out.dtype} != {launchable.output_dtype}")
         if tuple(out.shape) != (batch, n):
             raise ValueError(f"projection output must be {(batch, n)}, got {_describe(out)}")
         if out.stride(0) < n and batch > 1:
             raise ValueError(f"projection output rows overlap: {_describe(out)}")
-        if _overlaps(out, x) or _overlaps(out, self.weight):
+        if _overlaps(out, x) or _overlaps(out, weight):
             raise ValueError("projection output overlaps its input or weight")
 
     def run(self, x, out):
         """Launch ``out = x @ weight^T`` on the weight device's current stream; returns ``out``."""
-        self._check(x, out)
-        batch = x.shape[0]
-        code, extra = self.kernels[batch], self.extra[batch]
-        args = (self.weight_view, matrix_view(x), matrix_view(out, output=True), *extra, current_stream(self.device))
-        if torch.cuda.current_device() == self.device.index:
-            code(*args)
-        else:
-            with torch.cuda.device(self.device):
+        with self._launch_lock:
+            launchable = self._launchable
+            self._check(x, out, launchable)
+            batch = x.shape[0]
+            # A graph captures these arguments; the weight view's pointer is never read (the map is), so a map
+            # rewritten in place is all a replay needs to compute with a new weight of the same shape.
+            args = (launchable.weight_view, matrix_view(x), matrix_view(out, output=True),
+                    *launchable.extra[batch], current_stream(launchable.device))
+            code = launchable.kernels[batch]
+            if torch.cuda.current_device() == launchable.device.index:
                 code(*args)
+            else:
+                with torch.cuda.device(launchable.device):
+                    code(*args)
         # An in-place write autograd cannot see: a backward that saved ``out`` before this now fails loudly.
         increment_version(out)
         return out

@@ -16,11 +16,16 @@ boundary at launch or prepare time lives here, in one place:
 - ``encode_tensor_map`` / ``tensor_maps``: TMA descriptors encoded on the host
   and copied into one device buffer, because the kernel reads its weight map
   from global memory (a 128-byte, 128-byte-aligned ``CUtensorMap``).
+- ``TensorMapSlots`` / ``write_tensor_map``: device slots for the descriptors of
+  prepared projections, whose addresses launches on any stream and captured
+  CUDA graphs keep using, so the caching allocator must never hand them out.
 """
 
 from __future__ import annotations
 
 import struct
+import threading
+from collections import defaultdict, deque
 from typing import Iterable, NamedTuple
 
 import torch
@@ -243,3 +248,78 @@ def tensor_maps(specs: Iterable, device) -> torch.Tensor:
     # descriptors are in place for launches on any stream, graphs included.
     maps.copy_(host)
     return maps
+
+
+class TensorMapSlots:
+    """128-byte, 128-byte-aligned device slots for TMA descriptors, outside the caching allocator's reuse.
+
+    A descriptor freed to the caching allocator goes back to the stream it was allocated on and is handed out
+    again at once, while launches queued on other streams (the allocator never hears of them) may still read
+    it. Slots instead come from chunks that are never freed; a slot given back is handed out again only after
+    a device-wide synchronize has finished every launch queued before it came back. Recording each launch's
+    stream would cost every ``run`` and still miss CUDA graphs.
+    """
+
+    CHUNK_SLOTS = 256  # 32 KiB of device memory per chunk
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._chunks = []  # every chunk ever allocated, held for the life of the process
+        self._free = defaultdict(list)  # device -> slots no launch can still read
+        # device -> slots given back, which launches may still read. Given back from finalizers, so at any
+        # moment, also while ``take`` holds the lock: a deque takes appends while it is drained, no lock needed.
+        self._returned = defaultdict(deque)
+
+    def take(self, device) -> torch.Tensor:
+        """A free slot on ``device``: a uint8 view of 128 bytes whose ``data_ptr()`` is 128-byte aligned."""
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())  # as the slots' own ``device`` says
+        with self._lock:
+            free = self._free[device]
+            if not free:
+                self._refill(device, free)
+            return free.pop()
+
+    def give_back(self, slots) -> None:
+        """Hand ``slots`` back; they are reused only after the device has drained the launches that read them."""
+        for slot in slots:
+            self._returned[slot.device].append(slot)
+
+    def _refill(self, device, free) -> None:
+        """Make free the slots given back so far, once the device is idle, else allocate a chunk."""
+        returned = self._returned[device]
+        if returned and not capturing():
+            drained = len(returned)  # slots given back later may have launches queued after the synchronize
+            torch.cuda.synchronize(device)
+            free.extend(returned.popleft() for _ in range(drained))
+            return
+        chunk = torch.empty((self.CHUNK_SLOTS + 1) * TENSOR_MAP_BYTES, dtype=torch.uint8, device=device)
+        self._chunks.append(chunk)
+        # The caching allocator's alignment is an implementation detail: one spare slot makes it ours.
+        start = -chunk.data_ptr() % TENSOR_MAP_ALIGNMENT
+        free.extend(chunk[start + i * TENSOR_MAP_BYTES : start + (i + 1) * TENSOR_MAP_BYTES]
+                    for i in reversed(range(self.CHUNK_SLOTS)))
+
+
+def capturing() -> bool:
+    """Whether this thread's current stream is capturing a CUDA graph (where no synchronize is allowed)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def write_tensor_map(slot: torch.Tensor, spec) -> None:
+    """Encode ``spec`` into ``slot`` (from ``TensorMapSlots.take``); returns once the device holds it.
+
+    No launch may read the slot meanwhile: the copy does not wait for other streams.
+    """
+    with torch.cuda.device(slot.device):
+        # The encoder needs a current context, which a thread gets from its first CUDA runtime call that needs
+        # one: a stream query is such a call and never waits.
+        torch.cuda.current_stream(slot.device).query()
+        blob = encode_tensor_map(spec)
+        # A blocking copy: once it returns, launches on any stream, graphs included, read the new descriptor.
+        slot.copy_(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
+
+
+# The slots of every prepared projection in this process.
+tensor_map_slots = TensorMapSlots()

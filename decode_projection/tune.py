@@ -50,6 +50,7 @@ summation order.)
 
 import datetime
 import json
+import logging
 import math
 import time
 from dataclasses import astuple, dataclass
@@ -70,6 +71,8 @@ from .tactic import SplitKTactic
 from .tables import TableKey, dtype_name, key_of, table_policies, write_table
 from .timing import cold_copies, foreign_kernel, interleaved_time_us
 from .warmup import compile_all
+
+logger = logging.getLogger(__name__)
 
 # Issue 5's allowance: a batch-invariant cell may run this much over the free table at M <= 64.
 INVARIANT_EXCESS = 1.10
@@ -248,7 +251,7 @@ class Tuner:
         compile_all(((t, self.kinds["output_dtype"], self.arch, self.kinds["weight_dtype"])
                      for found in candidates.values() for t in found), failed=failed)
         for job, error in failed.items():
-            print(f"warning: {job[0]} does not compile, left out of the tune: {type(error).__name__}: {error}")
+            logger.warning("%s does not compile, left out of the tune: %s: %s", job[0], type(error).__name__, error)
         broken = {job[0] for job in failed}
         candidates = {cell: [t for t in found if t not in broken] for cell, found in candidates.items()}
         with tqdm(total=sum(map(len, candidates.values())), desc=description, unit="tactic") as progress:
@@ -300,8 +303,8 @@ class Tuner:
                    if summary.get("samples")]
         if sampled:
             slowest, (n, k) = min(sampled, key=lambda found: found[0]["sm_mhz_median"])
-            print(f"lowest median SM clock while timing a shape: {slowest['sm_mhz_median']:.0f} MHz ({n}x{k}); "
-                  f"up to {max(summary['power_w_max'] for summary, _ in sampled):.0f} W")
+            logger.info("lowest median SM clock while timing a shape: %.0f MHz (%dx%d); up to %.0f W",
+                        slowest["sm_mhz_median"], n, k, max(summary["power_w_max"] for summary, _ in sampled))
 
 
 def free_candidates(n, k, batch, gpu, *, limit, incumbents, kinds) -> list[SplitKTactic]:
@@ -360,7 +363,7 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
                 candidate_tactics(n, k, b, gpu, limit=1, order=order)
             except ValueError as error:
                 raise UnusableOrder(str(error)) from None
-    print(f"clusters of 1..{len(gpu.cluster_slots)} CTAs at once, one CTA per SM: {gpu.cluster_slots}")
+    logger.info("clusters of 1..%d CTAs at once, one CTA per SM: %s", len(gpu.cluster_slots), gpu.cluster_slots)
     cells = [(n, k, b) for n, k in shapes for b in batches]
 
     tuner.run_pass({(n, k, b): free_candidates(n, k, b, gpu, limit=limit, incumbents=incumbents, kinds=tuner.kinds)
@@ -388,6 +391,6 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
                                                            limit=invariant_limit, timed=tuner.timed[n, k, b])
                         for n, k, b in cells}, "tune batch-invariant", done=tuner.settled)
     entries, invariant = tuner.write()
-    print(f"tuned {len(shapes)} shapes x {len(batches)} batches in {time.perf_counter() - started:.0f} s")
+    logger.info("tuned %d shapes x %d batches in %.0f s", len(shapes), len(batches), time.perf_counter() - started)
     tuner.report_clocks()
     return entries, invariant

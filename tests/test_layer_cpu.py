@@ -1,8 +1,13 @@
 """CPU tests of ProjectionLinear: the fake op for tracing, and counted fallbacks."""
 
+import gc
+import logging
+import warnings
+
 import torch
 from torch import nn
 
+from decode_projection import projection
 from decode_projection.layer import ProjectionLinear, project
 
 
@@ -126,7 +131,7 @@ def test_a_second_gpu_falls_back_with_the_reason(monkeypatch):
             raise ValueError("this kernel already runs on cuda:0; projections on several GPUs ...")
 
     monkeypatch.setattr(layer_module, "architecture", lambda device: "sm_90a")
-    monkeypatch.setattr(layer_module, "gpu_spec", lambda device: H200)
+    monkeypatch.setattr(projection, "gpu_spec", lambda device: H200)
     monkeypatch.setattr(layer_module, "PreparedProjection", ClaimedElsewhere)
     layer = ProjectionLinear(torch.randn(48, 64, dtype=torch.bfloat16))
     monkeypatch.setattr(torch.Tensor, "device", property(lambda self: torch.device("cuda", 1)), raising=False)
@@ -162,25 +167,118 @@ def test_batch_invariant_rows_run_in_the_batches_held():
         torch.testing.assert_close(out, x @ weight.T, rtol=0, atol=0)
 
 
-def test_a_reprepare_waits_for_the_device_before_dropping_the_old_projection(monkeypatch):
+def pretend_layers_run_on_hopper(monkeypatch, events):
+    """Layers prepared as on an H200 (heuristic or shipped tactics), with a projection that records its prepares
+    in ``events`` and never compiles; so are synchronizes. Returns a function that puts every tensor on cuda:0."""
     from decode_projection import layer as layer_module
     from decode_projection.gpu import H200
 
-    events = []
-
     class Prepared(layer_module.PreparedProjection):
         def prepare(self):
-            events.append("prepared")
+            events.append(("prepared", id(self), self.weight.shape, self.weight.dtype))
             return self
 
     monkeypatch.setattr(layer_module, "architecture", lambda device: "sm_90a")
-    monkeypatch.setattr(layer_module, "gpu_spec", lambda device: H200)
+    monkeypatch.setattr(projection, "gpu_spec", lambda device: H200)
     monkeypatch.setattr(layer_module, "PreparedProjection", Prepared)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append("synchronized"))
+    return lambda: monkeypatch.setattr(torch.Tensor, "device", property(lambda self: torch.device("cuda", 0)),
+                                       raising=False)
+
+
+def test_a_weight_of_the_same_shape_is_prepared_in_place_and_another_replaces_the_projection(monkeypatch):
+    import pytest
+
+    from decode_projection.layer import RECAPTURE_WARNING
+
+    events = []
+    on_gpu = pretend_layers_run_on_hopper(monkeypatch, events)
     layer = ProjectionLinear(torch.randn(48, 64, dtype=torch.bfloat16))
-    monkeypatch.setattr(torch.Tensor, "device", property(lambda self: torch.device("cuda", 0)), raising=False)
+    same, taller = torch.randn(48, 64, dtype=torch.bfloat16), torch.randn(96, 64, dtype=torch.bfloat16)
+    on_gpu()
     layer.prepare()
+    first = layer.prepared
+    layer.weight.data = same
     layer.prepare()
+    # The projection's maps are rewritten in place (CUDA graphs captured before compute with the new weight).
+    assert layer.prepared is first and first.weight.data_ptr() == same.data_ptr()
+    assert events == [("prepared", id(first), (48, 64), torch.bfloat16)] * 2
+    layer._launched = True  # as the custom op marks it once the kernel ran: graphs may hold the projection
+    layer.weight.data = taller
+    with pytest.warns(UserWarning, match="capture them again"):
+        layer.prepare()
+    second = layer.prepared
+    # Launches on another stream may still read the old weight, which goes back to the allocator with it.
+    assert second is not first and events[2:] == [("prepared", id(second), (96, 64), torch.bfloat16), "synchronized"]
+    layer.weight.data = torch.randn(48, 64, dtype=torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # its kernel never ran: no graph can hold it
+        layer.prepare()
     monkeypatch.undo()
-    # Launches on another stream may still read the first projection's descriptors when the second replaces it.
-    assert events == ["prepared", "synchronized", "prepared"]
+    assert "capture them again" in RECAPTURE_WARNING
+
+
+def test_a_bad_tables_variable_raises_instead_of_falling_back(monkeypatch, tmp_path):
+    import pytest
+
+    on_gpu = pretend_layers_run_on_hopper(monkeypatch, [])
+    layer = ProjectionLinear(torch.randn(48, 64, dtype=torch.bfloat16))
+    on_gpu()
+    for named in (tmp_path / "missing.json", tmp_path):
+        monkeypatch.setenv("DECODE_PROJECTION_TABLES", str(named))
+        with pytest.raises(ValueError, match=f"DECODE_PROJECTION_TABLES names {named}, which is not a usable table"):
+            layer.prepare()
+
+
+def test_the_first_fallback_of_each_layer_is_logged_with_its_reason(caplog):
+    layers = [ProjectionLinear(torch.randn(48, 64, dtype=torch.bfloat16)) for _ in range(2)]
+    x = torch.randn(2, 64, dtype=torch.bfloat16)
+    with caplog.at_level(logging.WARNING, logger="decode_projection"):
+        for layer in layers + layers:
+            layer(x)
+    warned = [record for record in caplog.records if record.name == "decode_projection.layer"]
+    assert len(warned) == 2 and all(record.levelno == logging.WARNING for record in warned)
+    assert "in_features=64, out_features=48) computes with F.linear: unsupported device or dtype" in warned[0].message
+    assert "weight torch.bfloat16 on cpu" in warned[0].message
+    assert [layer.fallbacks["unsupported device or dtype"] for layer in layers] == [2, 2]
+
+
+def test_the_source_of_the_tactics_is_logged_once_per_shape(monkeypatch, caplog):
+    on_gpu = pretend_layers_run_on_hopper(monkeypatch, [])
+    monkeypatch.setattr(projection, "_logged_policy_sources", set())
+    layers = [ProjectionLinear(torch.randn(48, 64, dtype=torch.bfloat16)) for _ in range(2)]
+    on_gpu()
+    with caplog.at_level(logging.INFO, logger="decode_projection"):
+        for layer in layers:
+            layer.prepare()
+    said = [record.message for record in caplog.records if record.name == "decode_projection.projection"]
+    assert said == ["no table for NVIDIA H200 holds 48x64 bfloat16->bfloat16: heuristic tactics"]
+
+
+def test_a_stale_handle_says_so():
+    import pytest
+
+    layer = ProjectionLinear(torch.randn(48, 64, dtype=torch.bfloat16))
+    x, weight, handle = torch.randn(2, 64, dtype=torch.bfloat16), layer.weight, layer.handle
+    del layer
+    gc.collect()
+    with pytest.raises(ValueError, match=f"handle {handle} names no live ProjectionLinear"):
+        project(x, weight, handle, torch.bfloat16)
+
+
+def test_batches_are_positive_ints_and_at_least_one():
+    import pytest
+
+    for batches in ((True,), (), (1, 0)):
+        with pytest.raises(ValueError, match="ProjectionLinear batches must be positive ints"):
+            ProjectionLinear(torch.randn(48, 64, dtype=torch.bfloat16), batches=batches)
+
+
+def test_a_compiled_fallback_still_traces_whole_and_counts():
+    """Logging inside traced code would break the graph: fullgraph=True must still compile the fallback."""
+    layer = ProjectionLinear(torch.randn(48, 64, dtype=torch.bfloat16))
+    compiled = torch.compile(layer, fullgraph=True, backend="eager")
+    x = torch.randn(2, 64, dtype=torch.bfloat16)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x), x @ layer.weight.T)
+    assert layer.fallbacks["unsupported device or dtype"] == 2

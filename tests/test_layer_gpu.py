@@ -120,3 +120,39 @@ def test_cuda_graph_capture_of_a_model():
         torch.cuda.synchronize()
         torch.testing.assert_close(out, model(x), rtol=0, atol=0)
     assert not model.up.fallbacks
+
+
+def test_a_captured_layer_computes_with_a_weight_replaced_by_one_of_the_same_shape():
+    """Assigned, loaded with assign=True, or swapped through .data (noticed at the next eager call): the graph
+    replays with the new weight, as one over nn.Linear does after a copy in place. A cast warns instead."""
+    layer = ProjectionLinear(torch.randn(2304, 1536, device="cuda", dtype=torch.bfloat16), batches=(8,))
+    x = torch.randn(8, 1536, device="cuda", dtype=torch.bfloat16)
+    layer(x)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = layer(x)
+
+    def fresh():
+        return torch.randn(2304, 1536, device="cuda", dtype=torch.bfloat16)
+
+    def through_data():
+        layer.weight.data = fresh()
+        layer(x)
+
+    swaps = {
+        "assigned": lambda: setattr(layer, "weight", nn.Parameter(fresh(), requires_grad=False)),
+        "loaded with assign=True": lambda: layer.load_state_dict({"weight": fresh()}, assign=True),
+        "swapped through .data": through_data,
+    }
+    for label, swap in swaps.items():
+        swap()
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, layer(x), rtol=0, atol=0)
+        assert_close_to_reference(out, x, layer.weight, label=f"graph replayed after a weight {label}")
+    assert not layer.fallbacks
+    with pytest.warns(UserWarning, match="capture them again"):
+        layer.half()
+    assert_close_to_reference(layer(x.half()), x.half(), layer.weight, label="after the cast")

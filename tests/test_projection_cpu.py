@@ -1,16 +1,20 @@
 """CPU tests: argument validation, the code-only compile cache, and every tactic's SASS."""
 
 import contextlib
+import gc
 import math
 import re
+import threading
+import time
+import weakref
 
 import cutlass
 import cutlass.cute as cute
 import pytest
 import torch
 
-from decode_projection import PreparedProjection, SplitKTactic, compile_projection, projection
-from decode_projection.policies import default_tactic
+from decode_projection import PreparedProjection, SplitKTactic, compile_projection, projection, runtime
+from decode_projection.policies import default_tactic, grid_ctas
 from decode_projection.sass import kernel_report
 from decode_projection.splitk import EVICT_LAST, SplitKGemm
 from decode_projection.tables import shipped_tables
@@ -22,12 +26,16 @@ from .tactic_grid import GRID, tactic_id
 TACTIC = SplitKTactic(64, 8, 2, 4)
 
 
-def pretend_hopper(monkeypatch):
-    """Let prepare() run on the CPU: real compile for sm_90a, a stand-in for the device map."""
+def pretend_hopper(monkeypatch, events=None):
+    """Let prepare() run on the CPU: real compile for sm_90a, descriptor slots of a pool of its own in host memory,
+    and writes to them recorded in ``events`` as (slot address, weight address); so are synchronizes."""
+    events = [] if events is None else events
     monkeypatch.setattr(projection, "architecture", lambda device: "sm_90a")
-    monkeypatch.setattr(projection, "tensor_maps", lambda specs, device: torch.zeros(128, dtype=torch.uint8))
+    monkeypatch.setattr(projection, "tensor_map_slots", runtime.TensorMapSlots())
+    monkeypatch.setattr(projection, "write_tensor_map", lambda slot, spec: events.append((slot.data_ptr(), spec[0])))
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append("synchronized"))
+    return events
 
 
 @pytest.fixture
@@ -76,6 +84,33 @@ def test_policy_validation():
         PreparedProjection(weight, {1: (64, 8, 1, 4, 1, 1, 1, 1)})
 
 
+def test_small_input_gaps_are_refused_with_the_reason():
+    weight = torch.zeros(8, 16, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="at least one batch"):
+        PreparedProjection(weight, {})
+    for empty in (torch.zeros(8, 0, dtype=torch.bfloat16), torch.zeros(0, 16, dtype=torch.bfloat16)):
+        with pytest.raises(ValueError, match="weight is empty"):
+            PreparedProjection(empty, {1: TACTIC})
+    for batches, error in [((True,), ValueError), ((), ValueError), ((1, 2.0), ValueError), (4, TypeError)]:
+        with pytest.raises(error, match="for_weight batches must be"):
+            PreparedProjection.for_weight(weight, batches)
+
+
+def test_a_grid_wider_than_a_launch_is_refused():
+    """8-row weight tiles split 8 ways: 2^31 - 1 rows need 2^31 CTAs along x, one more than a launch has."""
+    tactic = (8, 8, 8, 4)
+    PreparedProjection(torch.empty(2**31 - 8, 8, dtype=torch.bfloat16, device="meta"), {1: tactic})
+    with pytest.raises(ValueError, match="2147483648 CTAs wide"):
+        PreparedProjection(torch.empty(2**31 - 1, 8, dtype=torch.bfloat16, device="meta"), {1: tactic})
+
+
+@pytest.mark.parametrize("tactic", GRID, ids=tactic_id)
+def test_grid_columns_times_grid_rows_is_the_grid(tactic):
+    """Whole groups of activation sharers along x, each weight tile ``split`` CTAs wide; as the cost model counts."""
+    for n, batch in ((130, 1), (2112, 77), (7168, 256)):
+        assert projection.grid_columns(tactic, n) * tactic.grid_rows(batch) == grid_ctas(tactic, n, batch)
+
+
 def test_prepare_refuses_cpu_weight():
     weight = torch.zeros(64, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="CUDA devices"):
@@ -115,27 +150,127 @@ def test_run_rejects_changed_weight(prepared):
         prepared.run(torch.randn(4, 512, dtype=torch.bfloat16), torch.empty(4, 256, dtype=torch.bfloat16))
 
 
-def test_reprepare_rebuilds_the_weight_maps(monkeypatch):
-    pretend_hopper(monkeypatch)
-    built = []
-    monkeypatch.setattr(projection, "tensor_maps", lambda specs, device: built.append(specs[0][0]) or torch.zeros(128, dtype=torch.uint8))
-    # The old maps are freed only once the device is idle: a launch on another stream may still read them.
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: built.append("synchronized"))
+def test_a_weight_of_the_same_shape_is_written_into_the_same_maps(monkeypatch):
+    """A CUDA graph captured before holds the maps' addresses: they must then describe the new weight."""
+    events = pretend_hopper(monkeypatch)
     first, second = torch.randn(256, 512, dtype=torch.bfloat16), torch.randn(256, 512, dtype=torch.bfloat16)
     prepared = PreparedProjection(first, {4: TACTIC}).prepare()
+    (slot,) = [address for address, _ in events]
     prepared.weight = second
     prepared.prepare()
-    assert built == [first.data_ptr(), "synchronized", second.data_ptr()]
+    # Launches on any stream may still read the map when it is rewritten: the device drains them first.
+    assert events == [(slot, first.data_ptr()), "synchronized", (slot, second.data_ptr())]
+    assert prepared.extra[4][0] == slot
+    prepared.prepare()  # nothing changed: nothing to wait for, nothing to write
+    assert len(events) == 3
+
+
+def test_a_weight_of_another_shape_or_dtype_gets_new_maps_and_the_old_one_is_kept(monkeypatch):
+    """Graphs captured before run kernels compiled for the old weight: its maps and its memory stay valid."""
+    events = pretend_hopper(monkeypatch)
+    first = torch.randn(256, 512, dtype=torch.bfloat16)
+    first_alive = weakref.ref(first)
+    prepared = PreparedProjection(first, {4: TACTIC}).prepare()
+    old_map = prepared.extra[4][0]
+    for replacement in (torch.randn(256, 512, dtype=torch.float16), torch.randn(128, 512, dtype=torch.float16)):
+        prepared.weight = replacement
+        prepared.prepare()
+        assert prepared.extra[4][0] != old_map
+        old_map = prepared.extra[4][0]
+    del first
+    gc.collect()
+    assert first_alive() is not None and "synchronized" not in events  # no map was rewritten
+    assert len({address for address, _ in events}) == 3
+    del prepared
+    gc.collect()
+    assert first_alive() is None
+
+
+def test_maps_of_policies_no_longer_held_are_rewritten_too(monkeypatch):
+    """A graph captured for a batch the new policies drop still replays: its map must not describe a freed weight."""
+    events = pretend_hopper(monkeypatch)
+    wide = SplitKTactic(128, 16, 1, 4)  # loads 128 rows, TACTIC 64
+    first, second = torch.randn(256, 512, dtype=torch.bfloat16), torch.randn(256, 512, dtype=torch.bfloat16)
+    prepared = PreparedProjection(first, {4: TACTIC, 16: wide}).prepare()
+    prepared.weight, prepared.policies = second, {4: TACTIC}
+    prepared.prepare()
+    assert events[2] == "synchronized"
+    assert sorted(weight for _, weight in events[3:]) == [second.data_ptr()] * 2
+
+
+def test_a_dropped_projection_hands_its_slots_back_for_reuse_after_a_synchronize(monkeypatch):
+    events = pretend_hopper(monkeypatch)
+    monkeypatch.setattr(runtime.TensorMapSlots, "CHUNK_SLOTS", 1)
+    prepared = PreparedProjection(torch.randn(256, 512, dtype=torch.bfloat16), {4: TACTIC}).prepare()
+    slot = prepared.extra[4][0]
+    other = PreparedProjection(torch.randn(256, 512, dtype=torch.bfloat16), {4: TACTIC}).prepare()
+    assert other.extra[4][0] != slot and "synchronized" not in events
+    del prepared
+    gc.collect()
+    again = PreparedProjection(torch.randn(256, 512, dtype=torch.bfloat16), {4: TACTIC}).prepare()
+    # Launches queued on any stream before the projection died have finished when its slot is written again.
+    assert again.extra[4][0] == slot and events[-2:] == ["synchronized", (slot, again.weight.data_ptr())]
+
+
+def test_prepare_in_another_thread_waits_for_a_launch_under_way(prepared, monkeypatch):
+    """A run that has checked its arguments launches with the kernels and maps it checked against."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
+    monkeypatch.setattr(projection, "current_stream", lambda device: None)
+    launched = []
+    prepared.kernels.update({batch: (lambda *args, batch=batch: launched.append(batch)) for batch in prepared.kernels})
+    checked = projection._overlaps
+
+    def prepare_elsewhere_once_checked(a, b):
+        # Another thread re-prepares without batch 4 between this run's checks and its launch.
+        monkeypatch.setattr(projection, "_overlaps", checked)
+        prepared.policies = {16: SplitKTactic(64, 16, 1, 4)}
+        preparing = threading.Thread(target=prepared.prepare)
+        preparing.start()
+        preparing.join(timeout=0.5)
+        return checked(a, b)
+
+    monkeypatch.setattr(projection, "_overlaps", prepare_elsewhere_once_checked)
+    x, out = torch.randn(4, 512, dtype=torch.bfloat16), torch.empty(4, 256, dtype=torch.bfloat16)
+    assert prepared.run(x, out) is out and launched == [4]
+    for _ in range(200):  # the other thread goes on once the launch is done
+        if sorted(prepared.kernels) == [16]:
+            break
+        time.sleep(0.05)
+    with pytest.raises(ValueError, match=r"prepared batches \[16\]"):
+        prepared.run(x, out)
+
+
+def test_prepare_refuses_while_capturing(prepared, monkeypatch):
+    monkeypatch.setattr(projection, "capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="captures a CUDA graph"):
+        prepared.prepare()
 
 
 def test_tensors_that_require_grad_are_taken_as_they_are(monkeypatch):
+    """An nn.Linear's weight, and tensors that require grad under no_grad: the kernel gets their own memory."""
+
+    def address_shape_stride(view):
+        return view.iterator._pointer, tuple(view.shape), tuple(view.stride)  # the DSL has no public address
+
     pretend_hopper(monkeypatch)
     weight = torch.randn(256, 512, dtype=torch.bfloat16, requires_grad=True)  # an nn.Linear's weight
     prepared = PreparedProjection(weight, {4: TACTIC}).prepare()
+    assert address_shape_stride(prepared.weight_view) == (weight.data_ptr(), (256, 512, 1), (512, 1, 0))
     x = torch.randn(4, 512, dtype=torch.bfloat16, requires_grad=True)
-    assert projection.matrix_view(x) is not None and prepared.weight_view is not None
-    with torch.no_grad():  # where writing into a tensor that requires grad is allowed
-        assert projection.matrix_view(torch.empty(4, 256, dtype=torch.bfloat16, requires_grad=True), output=True)
+    assert address_shape_stride(projection.matrix_view(x)) == (x.data_ptr(), (4, 512, 1), (512, 1, 0))
+    out = torch.empty(4, 256, dtype=torch.bfloat16, requires_grad=True)
+    assert address_shape_stride(projection.matrix_view(out, output=True)) == (out.data_ptr(), (256, 4, 1), (1, 256, 0))
+
+
+def test_run_says_autograd_does_not_flow_through_it(prepared, monkeypatch):
+    x, out = torch.randn(4, 512, dtype=torch.bfloat16, requires_grad=True), torch.empty(4, 256, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="autograd does not flow through run"):
+        prepared.run(x, out)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
+    monkeypatch.setattr(projection, "current_stream", lambda device: None)
+    prepared.kernels[4] = lambda *args: None
+    with torch.no_grad():  # nothing to flow: taken as it is
+        assert prepared.run(x, out) is out
 
 
 def test_overlap_is_exact_for_equally_pitched_rows():
@@ -202,7 +337,7 @@ def test_reprepare_follows_the_weight_to_its_device(prepared):
 def test_a_run_tells_autograd_that_it_wrote_the_output(prepared, monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
     monkeypatch.setattr(projection, "current_stream", lambda device: None)
-    prepared.kernels = {batch: (lambda *args: None) for batch in prepared.kernels}
+    prepared.kernels.update({batch: (lambda *args: None) for batch in prepared.kernels})
     x, out = torch.randn(4, 512, dtype=torch.bfloat16), torch.empty(4, 256, dtype=torch.bfloat16)
     version = out._version
     prepared.run(x, out)

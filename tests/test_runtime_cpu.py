@@ -159,6 +159,24 @@ def test_tensor_maps_need_a_cuda_device():
         runtime.tensor_maps([weight_spec()], torch.device("cpu"))
 
 
+def test_descriptor_slots_are_reused_only_after_the_device_drained_them(monkeypatch):
+    synchronized = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synchronized.append(device))
+    monkeypatch.setattr(runtime.TensorMapSlots, "CHUNK_SLOTS", 2)
+    slots = runtime.TensorMapSlots()
+    first, second = slots.take("cpu"), slots.take("cpu")
+    assert first.data_ptr() % 128 == second.data_ptr() % 128 == 0 and first.numel() == second.numel() == 128
+    assert abs(first.data_ptr() - second.data_ptr()) == 128
+    slots.give_back([first])
+    # While this stream captures a graph the device cannot be drained: a new chunk instead.
+    monkeypatch.setattr(runtime, "capturing", lambda: True)
+    fresh = slots.take("cpu")
+    assert not synchronized and fresh.data_ptr() not in (first.data_ptr(), second.data_ptr())
+    monkeypatch.setattr(runtime, "capturing", lambda: False)
+    slots.take("cpu")  # the rest of the new chunk
+    assert slots.take("cpu").data_ptr() == first.data_ptr() and synchronized == [torch.device("cpu")]
+
+
 # ---------------------------------------------------------------- SASS reports
 
 

@@ -69,3 +69,19 @@ def test_tensor_maps_as_the_first_cuda_use():
     run = _fresh_python(SPEC + "import torch\nprint(runtime.tensor_maps([spec], 'cuda').numel())\n")
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "128"
+
+
+def test_a_slot_written_from_a_thread_that_never_used_cuda():
+    """The encoder needs a current context, which a new thread has not got until a CUDA runtime call binds it."""
+    run = _fresh_python(SPEC + (
+        "import threading, torch\n"
+        "slot = runtime.tensor_map_slots.take('cuda')\n"
+        "def write():\n"
+        "    runtime.write_tensor_map(slot, spec)\n"
+        "    print(bytes(slot.cpu().tolist()) == runtime.encode_tensor_map(spec), slot.data_ptr() % 128)\n"
+        "writer = threading.Thread(target=write)\n"
+        "writer.start()\n"
+        "writer.join()\n"
+    ))
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "True 0"

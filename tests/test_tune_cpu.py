@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import logging
 
 import pytest
 import torch
@@ -56,7 +57,8 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(tuning, "ClockLog", FakeClockLog)
 
 
-def test_one_pass_writes_both_tables_and_every_timing(fake_gpu, tmp_path, capsys):
+def test_one_pass_writes_both_tables_and_every_timing(fake_gpu, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="decode_projection")
     shapes, batches = [(2112, 7168), (7168, 1536)], [1, 16, 64, 256]
     paths = {name: tmp_path / f"{name}.json" for name in ("free", "invariant", "timings")}
     entries, invariant = tuning.tune(shapes, batches, limit=6, invariant_limit=4, out_path=paths["free"],
@@ -73,7 +75,7 @@ def test_one_pass_writes_both_tables_and_every_timing(fake_gpu, tmp_path, capsys
     # Every cell says what the GPU ran at while each of the two passes timed its shape.
     # (A third where the order pass timed the shape too.)
     assert all(row["clocks"] in ([FakeClockLog(0).summary()] * 2, [FakeClockLog(0).summary()] * 3) for row in timings)
-    assert "lowest median SM clock while timing a shape: 1980 MHz" in capsys.readouterr().out
+    assert "lowest median SM clock while timing a shape: 1980 MHz" in caplog.text
     # Each cell's winner is the best mean of its two launch contexts.
     for row in timings:
         best = min(row["timed"], key=lambda timed: timed[1] + timed[2])
@@ -87,7 +89,7 @@ def test_without_an_invariant_limit_only_the_free_table_is_written(fake_gpu, tmp
     assert (tmp_path / "free.json").exists() and not (tmp_path / "invariant.json").exists()
 
 
-def test_a_candidate_that_does_not_compile_is_left_out_with_a_warning(fake_gpu, monkeypatch, tmp_path, capsys):
+def test_a_candidate_that_does_not_compile_is_left_out_with_a_warning(fake_gpu, monkeypatch, tmp_path, caplog):
     broken, working = SplitKTactic(64, 8, 1, 12), SplitKTactic(128, 8, 1, 13)
     monkeypatch.setattr(tuning, "candidate_tactics", lambda *args, **kwargs: [broken, working])
 
@@ -98,7 +100,7 @@ def test_a_candidate_that_does_not_compile_is_left_out_with_a_warning(fake_gpu, 
 
     monkeypatch.setattr(tuning, "compile_all", compile_all)
     tuning.tune([(1536, 128)], [1, 8], limit=2, timings_path=tmp_path / "timings.json")
-    assert f"warning: {broken} does not compile, left out of the tune: RuntimeError" in capsys.readouterr().out
+    assert f"{broken} does not compile, left out of the tune: RuntimeError" in caplog.text
     timed = {tuple(t[0]) for row in json.loads((tmp_path / "timings.json").read_text()) for t in row["timed"]}
     assert dataclasses.astuple(working) in timed and dataclasses.astuple(broken) not in timed
     # A cell left with nothing to time stops the tune, naming it.
