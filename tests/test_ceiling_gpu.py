@@ -24,9 +24,10 @@ def test_interleaved_timing_tells_launches_apart():
     copies = cold_copies(n * k * 2)
     weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
     halves = [w[: n // 2] for w in weights]
+    glue = foreign_kernel("cuda")
     times = interleaved_time_us(
         {"whole": lambda i: stream_read(weights[i]), "half": lambda i: stream_read(halves[i])}, copies,
-        separator=foreign_kernel("cuda"),
+        separators={"whole": glue, "half": glue},
     )
     # Half the bytes stream in about half the time; the separator's own time is taken off both.
     assert 0.4 < times["half"] / times["whole"] < 0.65, times
