@@ -34,7 +34,8 @@ def geometric_mean(values) -> float:
     values = list(values)
     if not values or min(values) <= 0:
         raise ValueError(f"a geometric mean needs positive values, got {values}")
-    return math.exp(sum(map(math.log, values)) / len(values))
+    # The root of the product, not exp of the mean log: equal values keep their exact mean (a tie stays a tie).
+    return math.prod(values) ** (1 / len(values))
 
 
 def cold_copies(weight_bytes: int, device=None) -> int:
