@@ -146,10 +146,10 @@ def plot(path, cells, title):
                 if first[0].ceiling_us is not None:
                     ax.axhline(first[0].ceiling_us, color="gray", ls=":", label="read ceiling (measured)")
             ax.set_xscale("log", base=2)
-            ax.set_ylim(bottom=0)
             ax.set_title(f"{n} x {k}, {context}", fontsize=9)
             ax.set_xlabel("batch")
             ax.set_ylabel("us")
+        row[0].set_ylim(bottom=0)  # once every panel of the row is drawn: they share the axis
     axes[0][0].legend(fontsize=7)
     figure.suptitle(title, fontsize=10)
     figure.tight_layout()

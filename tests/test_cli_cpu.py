@@ -142,6 +142,9 @@ def test_markdown_of_a_saved_run_has_a_table_per_policy_and_context(capsys, tmp_
     assert "== chain: back to back" in printed and "== glue: after a plain PyTorch" in printed
     assert "chain tuned: geometric-mean speedup over torch.matmul 1.70x" in printed
     assert "glue tuned: geometric-mean speedup over torch.matmul 1.42x" in printed
+    # The plot has a panel per shape and context.
+    assert main(["bench", "--from-json", str(tmp_path / "run.json"), "--plot", str(tmp_path / "run.png")]) == 0
+    assert (tmp_path / "run.png").read_bytes().startswith(b"\x89PNG")
 
 
 def test_a_run_saved_before_cells_had_contexts_reads_as_the_context_it_was_timed_in(capsys, tmp_path):
