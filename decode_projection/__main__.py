@@ -232,7 +232,7 @@ def main(argv=None):
                            help="comma-separated: tuned, heuristic, batch-invariant (default: %(default)s)")
     run_bench.add_argument("--csv", help="write every cell as CSV")
     run_bench.add_argument("--json", help="write every cell and the run's metadata as JSON")
-    run_bench.add_argument("--plot", help="write a PNG of time against batch per shape")
+    run_bench.add_argument("--plot", help="write a PNG of time against batch per shape and launch context")
     run_bench.add_argument("--from-json", help="re-render the tables and plot of a run saved with --json")
     run_bench.add_argument("--markdown", action="store_true", help="also print a compact Markdown summary")
     run_bench.add_argument("--context", type=context_list,
