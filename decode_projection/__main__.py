@@ -59,6 +59,16 @@ def batch_list(text):
     return batches
 
 
+def context_list(text):
+    """``"chain,glue"`` -> ``["chain", "glue"]``: launch contexts, each a name of timing.CONTEXTS, each once."""
+    from .timing import CONTEXTS
+
+    contexts = text.split(",")
+    if not set(contexts) <= set(CONTEXTS) or len(set(contexts)) < len(contexts):
+        raise argparse.ArgumentTypeError(f"contexts must be some of {','.join(CONTEXTS)}, each once, got {text!r}")
+    return contexts
+
+
 def positive_int(text):
     """``"4"`` -> ``4``; zero and negatives are refused."""
     try:
@@ -92,8 +102,9 @@ def render(cells, meta, args):
     print(describe(meta.get("clocks")))
     print(format_tables(cells))
     if args.markdown:
-        for policy in dict.fromkeys(c.policy for c in cells):
-            print(f"\n{policy}:\n" + format_markdown(cells, policy=policy))
+        for context in dict.fromkeys(c.context for c in cells):
+            for policy in dict.fromkeys(c.policy for c in cells if c.context == context):
+                print(f"\n{policy}, {context}:\n" + format_markdown(cells, policy=policy, context=context))
     if args.csv:
         write_csv(args.csv, cells)
     if args.json:
@@ -115,6 +126,8 @@ def bench(args):
             return 2
         render(*saved, args)
         return 0
+    from .timing import PDL_GLUE
+
     kinds = args.policies.split(",")
     launches = args.launch.split(",")
     weight_dtype, output_dtype = DTYPES[args.dtype], DTYPES[args.out_dtype]
@@ -123,6 +136,13 @@ def bench(args):
 
         print(f"No Hopper GPU here: compiling the kernels the {args.policies} policies need for sm_90a.")
         print(compile_report(args.shape, args.batches, kinds, weight_dtype=weight_dtype, output_dtype=output_dtype))
+        if PDL_GLUE in args.context:
+            from .glue import compile_glue
+            from .sass import kernel_report
+
+            glue = kernel_report(compile_glue(weight_dtype, "sm_90a"))
+            print(f"The PDL-aware glue kernel of the {PDL_GLUE} context: {glue.registers} registers, "
+                  f"{glue.spills} spills.")
         print("Timing needs a Hopper GPU (H100/H200); the kernels above compile and disassemble cleanly.")
         unwritten = [f"--{option} {getattr(args, option)}" for option in ("csv", "json", "plot") if getattr(args, option)]
         if unwritten:
@@ -131,18 +151,21 @@ def bench(args):
     import cutlass
 
     from .clocks import ClockLog
+    from .timing import CONTEXTS
 
     clocks = ClockLog(torch.cuda.current_device())
     cells = run_benchmark(args.shape, args.batches, kinds, weight_dtype=weight_dtype, output_dtype=output_dtype,
-                          isolated=args.isolated, programmatic_launches=[LAUNCHES[name] for name in launches],
+                          contexts=args.context, programmatic_launches=[LAUNCHES[name] for name in launches],
                           clocks=clocks)
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     meta = {
         "gpu": props.name, "sm_count": props.multi_processor_count, "torch": torch.__version__,
         "cuda": torch.version.cuda, "cutlass_dsl": cutlass.__version__, "python": platform.python_version(),
         "date": datetime.date.today().isoformat(),
-        "method": "cold L2 (weight copies > 3x L2), CUDA-graph replay, median"
-        + (", a small foreign kernel before every launch (subtracted)" if args.isolated else ", back to back"),
+        "method": "cold L2 (weight copies > 3x L2), CUDA-graph replay, median; launch contexts: "
+        + "; ".join(f"{context}: {CONTEXTS[context]}" for context in args.context)
+        + " (a glue kernel's own time, measured alone, subtracted)",
+        "contexts": args.context,
         "clocks": clocks.summary(),
     }
     render(cells, meta, args)
@@ -151,10 +174,9 @@ def bench(args):
 
 def warm(args):
     """Compile every kernel the policies need into the persistent cache, in parallel."""
-    from .bench import kernel_jobs
     from .disk_cache import cache_dir
     from .runtime import architecture
-    from .warmup import compile_all
+    from .warmup import compile_all, kernel_jobs
 
     if cache_dir() is None:
         print("The disk cache is off (DECODE_PROJECTION_DISK_CACHE=0): there is nothing to warm.", file=sys.stderr)
@@ -191,7 +213,8 @@ def tune(args):
                  invariant_limit=args.invariant_candidates if args.batch_invariant_out else None,
                  invariant_out_path=args.batch_invariant_out,
                  incumbents=None if args.ignore_shipped else shipped_tables(),
-                 kept_entries=read_entries(args.out) if args.update else (), pinned_orders=pinned)
+                 kept_entries=read_entries(args.out) if args.update else (), pinned_orders=pinned,
+                 contexts=args.context, resume=args.resume)
     except UnusableOrder as error:
         print(f"tune: {error}", file=sys.stderr)
         return 2
@@ -218,11 +241,14 @@ def main(argv=None):
                            help="comma-separated: tuned, heuristic, batch-invariant (default: %(default)s)")
     run_bench.add_argument("--csv", help="write every cell as CSV")
     run_bench.add_argument("--json", help="write every cell and the run's metadata as JSON")
-    run_bench.add_argument("--plot", help="write a PNG of time against batch per shape")
+    run_bench.add_argument("--plot", help="write a PNG of time against batch per shape and launch context")
     run_bench.add_argument("--from-json", help="re-render the tables and plot of a run saved with --json")
     run_bench.add_argument("--markdown", action="store_true", help="also print a compact Markdown summary")
-    run_bench.add_argument("--isolated", action="store_true",
-                           help="run a small foreign kernel before every launch (no back-to-back overlap)")
+    run_bench.add_argument("--context", type=context_list,
+                           help="launch contexts, comma-separated: chain (back to back), pdl-glue (after a PDL-aware "
+                                "elementwise kernel that writes the activations), glue (after a plain PyTorch "
+                                "elementwise kernel) (default: all three)")
+    run_bench.add_argument("--isolated", action="store_true", help="the same as --context glue")
     run_bench.add_argument("--launch", default="programmatic",
                            help="comma-separated: programmatic (with programmatic dependent launch), plain "
                                 "(programmatic_launch=False; cells labelled <policy>/plain) (default: %(default)s)")
@@ -250,20 +276,33 @@ def main(argv=None):
     run_tune.add_argument("--ignore-shipped", action="store_true",
                           help="do not time the shipped tables' tactics next to the new candidates")
     run_tune.add_argument("--update", action="store_true",
-                          help="keep the cells of the existing --out table that this run does not tune")
+                          help="keep the cells of the existing --out table that this run does not tune (every shape "
+                               "given is tuned; --resume skips those --out already holds)")
+    run_tune.add_argument("--resume", action="store_true",
+                          help="go on with a tune that was cut short: shapes whose every batch is already in --out "
+                               "(and --batch-invariant-out) are kept, not tuned again, with their --timings rows; "
+                               "without those files, the same as a fresh tune")
+    run_tune.add_argument("--context", type=context_list,
+                          help="launch contexts each candidate is timed in, scored by the geometric mean of its "
+                               "times in them (names as for bench; default: all three)")
     args = parser.parse_args(argv)
     configure_logging(args.verbose)
     if args.command == "tune" and args.update and args.batch_invariant_out:
         parser.error("--update re-tunes some cells of a free table; a batch-invariant order needs every batch")
     if args.command == "tune" and args.update and not Path(args.out).is_file():
         parser.error(f"--update keeps the cells of --out, and there is no table at {args.out}")
-    if args.command == "tune" and args.update:
+    if args.command == "tune" and (args.update or args.resume):
         from .tables import load_table
 
-        try:  # every entry, as the run will write them back
-            load_table(args.out)
-        except (OSError, ValueError) as error:
-            parser.error(f"--update keeps the cells of --out, which is not a table: {error}")
+        flag = "--update" if args.update else "--resume"
+        for option in ("out", "batch_invariant_out") if args.resume else ("out",):
+            path = getattr(args, option)
+            if path and (args.update or Path(path).exists()):
+                try:  # every entry, as the run will write them back
+                    load_table(path)
+                except (OSError, ValueError) as error:
+                    parser.error(f"{flag} keeps the cells of --{option.replace('_', '-')}, which is not a table: "
+                                 f"{error}")
     # Output paths are written after the run: refuse those that cannot be before it starts.
     for option in ("csv", "json", "plot", "out", "batch_invariant_out", "timings"):
         path = getattr(args, option, None)
@@ -285,8 +324,15 @@ def main(argv=None):
             parser.error(f"--invariant-order for shapes this run does not tune: {', '.join(stray)}")
         if len(set(pinned)) < len(pinned):
             parser.error("--invariant-order names a shape (or 'shipped') twice")
+    if args.command == "bench" and args.isolated and args.context:
+        parser.error("--isolated is --context glue: give one of them")
+    if args.command in ("bench", "tune"):
+        from .timing import CONTEXTS, GLUE
+
+        args.context = [GLUE] if getattr(args, "isolated", False) else args.context or list(CONTEXTS)
     if args.command in ("bench", "warm"):
-        from .bench import LAUNCHES, POLICY_KINDS
+        from .bench import LAUNCHES
+        from .warmup import POLICY_KINDS
 
         unknown = set(args.policies.split(",")) - set(POLICY_KINDS)
         if unknown:

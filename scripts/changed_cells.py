@@ -1,8 +1,9 @@
 """The cells a re-tune changed, as scripts/time_tactics.py cells: the old and the new tactic of each, largest gain first.
 
 Compares each pair of tables cell by cell (free and batch-invariant alike) and ranks the changed cells by what the
-re-tune's own timings (``tune --timings``) gave the old tactic over the new one in the same run (mean of back to back
-and after glue), so that a probe after the re-tune times the cells that moved most next to torch.matmul:
+re-tune's own timings (``tune --timings``) gave the old tactic over the new one in the same run (the tuner's score:
+the geometric mean over the launch contexts timed), so that a probe after the re-tune times the cells that moved most
+next to torch.matmul:
 
     python scripts/changed_cells.py --most 8 --timings tune-timings.json old-free.json new-free.json \\
         old-invariant.json new-invariant.json
@@ -15,6 +16,8 @@ from pathlib import Path
 
 from decode_projection.tables import key_of, read_entries
 from decode_projection.tactic import as_tactic
+from decode_projection.timing import geometric_mean
+from decode_projection.tune import row_times
 
 
 def normal(tactic) -> tuple:
@@ -24,9 +27,9 @@ def normal(tactic) -> tuple:
 
 def changed(pairs, timings) -> list[tuple[float, tuple, list]]:
     """``[(gain us, (n, k, batch), [old, new])]`` for every cell of each (old, new) table pair whose tactic differs,
-    largest gain first: the old tactic's mean minus the new one's in the re-tune's timings (0 where either is
+    largest gain first: the old tactic's score minus the new one's in the re-tune's timings (0 where either is
     missing there)."""
-    measured = {(row["n"], row["k"], row["batch"]): {normal(t): (b2b + glue) / 2 for t, b2b, glue in row["timed"]}
+    measured = {(row["n"], row["k"], row["batch"]): {normal(t): geometric_mean(us.values()) for t, us in row_times(row)}
                 for row in timings}
     found = []
     for old_entries, new_entries in pairs:

@@ -1,7 +1,7 @@
 """How far the heuristic's picks run behind the best tactic a tune timed, per timings file (``tune --timings``).
 
 For each cell (shape, batch) of a file, the heuristic's tactic on the H200 is looked up among the timed ones and its
-time (the mean of back to back and after glue, as the tuner ranks) divided by the best; printed is the geometric
+time (the geometric mean over the launch contexts timed, as the tuner ranks) divided by the best; printed is the geometric
 mean of that ratio at streaming (M <= 64) and compute-bound batches, and how many cells timed no such tactic. The
 heuristic is what every shape or batch without a tuned table gets, on any GPU.
 
@@ -15,6 +15,8 @@ from decode_projection.gpu import H200
 from decode_projection.policies import default_tactic
 from decode_projection.report import read_document
 from decode_projection.tactic import SplitKTactic
+from decode_projection.timing import geometric_mean
+from decode_projection.tune import row_times
 
 LAST_STREAMING_BATCH = 64
 
@@ -24,9 +26,8 @@ def regrets(cells):
     found = []
     for cell in cells:
         n, k, batch = cell["n"], cell["k"], cell["batch"]
-        # Each entry is (tactic fields, back-to-back us, after-glue us); tactics of older kernels may no longer
-        # be valid, and only the heuristic's own pick is looked up.
-        means = {SplitKTactic(*fields): (alone + after) / 2 for fields, alone, after in cell["timed"]}
+        # Tactics of older kernels may no longer be valid, and only the heuristic's own pick is looked up.
+        means = {SplitKTactic(*fields): geometric_mean(us.values()) for fields, us in row_times(cell)}
         pick = default_tactic(n, k, batch, H200)
         found.append((n, k, batch, means[pick] / min(means.values()) if pick in means else None, pick))
     return found

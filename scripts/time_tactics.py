@@ -81,7 +81,7 @@ def time_cell(n, k, batch, tactics, one_output=False, without_programmatic_launc
     if one_output:
         launches.update({f"{label} one out": lambda i, run=run: run(i, outs[0]) for label, run in runs.items()})
     chained = interleaved_time_us(launches, copies)
-    alone = interleaved_time_us(launches, copies, separator=foreign_kernel(x.device))
+    alone = interleaved_time_us(launches, copies, separators=dict.fromkeys(launches, foreign_kernel(x.device)))
     return {label: (chained[label], alone[label]) for label in launches}
 
 

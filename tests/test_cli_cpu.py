@@ -19,6 +19,11 @@ def test_bench_without_gpu_reports_compiled_kernels(no_gpu, capsys):
     assert "Timing needs a Hopper GPU" in out
     rows = [line.split() for line in out.splitlines() if line.strip().startswith("(")]
     assert rows and all(int(row[4]) > 0 and int(row[5]) > 0 and row[6] == "0" for row in rows)
+    # The pdl-glue context (one of the default three) needs the PDL-aware glue kernel: it compiles too.
+    assert "The PDL-aware glue kernel of the pdl-glue context" in out and "registers, 0 spills" in out
+    assert main(["bench", "--shape", "2304x1536", "--batches", "1", "--policies", "heuristic", "--context",
+                 "chain,glue"]) == 0
+    assert "PDL-aware glue" not in capsys.readouterr().out
 
 
 def test_tune_without_gpu_says_so(no_gpu, capsys, tmp_path):
@@ -38,6 +43,10 @@ def test_tune_without_gpu_says_so(no_gpu, capsys, tmp_path):
     ["bench", "--batches", "1,99999999999"],
     ["bench", "--policies", "fastest"],
     ["bench", "--launch", "pdl"],
+    ["bench", "--context", "pdl"],
+    ["bench", "--context", "chain,chain"],
+    ["bench", "--isolated", "--context", "glue"],  # --isolated is --context glue: one of them
+    ["tune", "--out", "t.json", "--context", "chain,isolated"],
     ["bench", "--dtype", "fp8"],
     ["tune", "--out", "t.json", "--update", "--batch-invariant-out", "i.json"],
     ["tune", "--out", "t.json", "--invariant-order", "3072x7168=2,1"],
@@ -72,6 +81,22 @@ def test_tune_pins_the_shipped_orders_unless_one_is_given(monkeypatch, capsys, t
     # 3584 x 7168 keeps the shipped table's split of 2 in 2-box stages; the order given for 2304 x 1536 wins.
     assert runs[0]["pinned_orders"] == {(3584, 7168): (2, 2), (2304, 1536): (1, 1)}
     assert "the shipped batch-invariant orders: 3584x7168=2,2, 2304x1536=3,1" in capsys.readouterr().out
+    # Every candidate is scored in all three launch contexts unless told otherwise; a fresh tune does not resume.
+    assert runs[0]["contexts"] == ["chain", "pdl-glue", "glue"] and runs[0]["resume"] is False
+    assert main(["tune", "--shape", "2304x1536", "--out", str(tmp_path / "t.json"), "--context", "chain,glue",
+                 "--resume"]) == 0
+    assert runs[1]["contexts"] == ["chain", "glue"] and runs[1]["resume"] is True
+
+
+def test_tune_resume_refuses_tables_that_are_not_tables(no_gpu, tmp_path, capsys):
+    (tmp_path / "i.json").write_text("not json")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["tune", "--out", str(tmp_path / "t.json"), "--batch-invariant-out", str(tmp_path / "i.json"),
+              "--resume"])
+    assert exit_info.value.code == 2 and "--resume keeps the cells of --batch-invariant-out" in capsys.readouterr().err
+    # Missing, they are a fresh start: the arguments pass (and tuning needs a GPU).
+    assert main(["tune", "--out", str(tmp_path / "t.json"), "--resume"]) == 2
+    assert "needs a Hopper GPU" in capsys.readouterr().err
 
 
 def test_warm_fills_the_persistent_cache(no_gpu, capsys, tmp_path, monkeypatch):
@@ -94,19 +119,44 @@ def test_warm_refuses_without_a_disk_cache_or_with_no_workers(no_gpu, capsys, mo
         main(["warm", "--workers", "0"])
 
 
-def test_markdown_of_a_saved_run_has_a_table_per_policy(capsys, tmp_path):
+META = {"gpu": "NVIDIA H200", "sm_count": 132, "torch": "2.11", "cuda": "13.0", "cutlass_dsl": "4.8.1",
+        "date": "2026-12-04", "method": "cold L2"}
+
+
+def test_markdown_of_a_saved_run_has_a_table_per_policy_and_context(capsys, tmp_path):
     from decode_projection.bench import Cell
     from decode_projection.report import write_json
 
-    meta = {"gpu": "NVIDIA H200", "sm_count": 132, "torch": "2.11", "cuda": "13.0", "cutlass_dsl": "4.8.1",
-            "date": "2026-12-04", "method": "cold L2"}
-    cells = [Cell(2304, 1536, 1, policy, "table", (64, 8, 1, 8, 1, 1, 1, False, False, 1), us, 5.1, 3.4)
+    tactic = (64, 8, 1, 8, 1, 1, 1, False, False, 1)
+    cells = [Cell(2304, 1536, 1, policy, "table", tactic, us + extra, 5.1 + extra, 3.4 + extra, context=context)
+             for context, extra in (("chain", 0.0), ("glue", 2.0))
              for policy, us in (("tuned", 3.0), ("batch-invariant", 3.2))]
-    write_json(tmp_path / "run.json", cells, meta)
+    write_json(tmp_path / "run.json", cells, META)
     assert main(["bench", "--from-json", str(tmp_path / "run.json"), "--markdown"]) == 0
     printed = capsys.readouterr().out
-    assert "tuned:\n| N x K" in printed and "batch-invariant:\n| N x K" in printed
+    for context in ("chain", "glue"):
+        assert f"tuned, {context}:\n| N x K" in printed and f"batch-invariant, {context}:\n| N x K" in printed
     assert "| 2304 x 1536 | 7.1 | 3.4 | 3.0 / 5.1 |" in printed and "| 3.2 / 5.1 |" in printed
+    assert "| 2304 x 1536 | 7.1 | 5.4 | 5.0 / 7.1 |" in printed and "| 5.2 / 7.1 |" in printed
+    # A text table and a summary line per context and policy.
+    assert "== chain: back to back" in printed and "== glue: after a plain PyTorch" in printed
+    assert "chain tuned: geometric-mean speedup over torch.matmul 1.70x" in printed
+    assert "glue tuned: geometric-mean speedup over torch.matmul 1.42x" in printed
+    # The plot has a panel per shape and context.
+    assert main(["bench", "--from-json", str(tmp_path / "run.json"), "--plot", str(tmp_path / "run.png")]) == 0
+    assert (tmp_path / "run.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_run_saved_before_cells_had_contexts_reads_as_the_context_it_was_timed_in(capsys, tmp_path):
+    import json
+
+    row = {"n": 2304, "k": 1536, "batch": 1, "policy": "tuned", "source": "table",
+           "tactic": [64, 8, 1, 8, 1, 1, 1, False, False, 1], "us": 5.0, "cublas_us": 7.1, "ceiling_us": 5.4}
+    for method, context in (("cold L2, back to back", "chain"),
+                            ("cold L2, a small foreign kernel before every launch (subtracted)", "glue")):
+        (tmp_path / "old.json").write_text(json.dumps({"meta": dict(META, method=method), "cells": [row]}))
+        assert main(["bench", "--from-json", str(tmp_path / "old.json")]) == 0
+        assert f"\n{context} tuned: geometric-mean speedup" in capsys.readouterr().out
 
 
 def test_an_unreadable_saved_run_is_an_error_not_a_traceback(capsys, tmp_path):

@@ -122,10 +122,14 @@ def test_tuner_writes_loadable_tables(tmp_path):
 def test_benchmark_times_every_provider():
     cells = run_benchmark([(2304, 1536)], [1, 16], ["heuristic"], weight_dtype=torch.bfloat16,
                           output_dtype=torch.bfloat16, programmatic_launches=(True, False))
-    assert sorted((c.policy, c.batch) for c in cells) == [
-        ("heuristic", 1), ("heuristic", 16), ("heuristic/plain", 1), ("heuristic/plain", 16)]
+    assert sorted((c.context, c.policy, c.batch) for c in cells) == [
+        (context, policy, batch) for context in sorted(["chain", "pdl-glue", "glue"])
+        for policy in ("heuristic", "heuristic/plain") for batch in (1, 16)]
     for cell in cells:
         assert 0 < cell.ceiling_us and 0 < cell.us and 0 < cell.cublas_us
-        # Nothing reads a weight faster than the read-only kernel by more than timing noise.
-        assert cell.us > 0.8 * cell.ceiling_us
+        # Nothing reads a weight faster than the read-only kernel by more than timing noise, in the same context
+        # (after the PDL-aware glue our prologue overlaps the glue, which the read-only kernel, launched without
+        # programmatic dependent launch, cannot).
+        if cell.context != "pdl-glue":
+            assert cell.us > 0.8 * cell.ceiling_us, cell
     assert "geometric-mean speedup" in format_tables(cells)

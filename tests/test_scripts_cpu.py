@@ -19,13 +19,14 @@ def load_script(name):
     return module
 
 
-def cell(n, k, batch, us, cublas_us, policy="tuned"):
-    return {"n": n, "k": k, "batch": batch, "us": us, "cublas_us": cublas_us, "policy": policy}
+def cell(n, k, batch, us, cublas_us, policy="tuned", context="chain", ceiling_us=None):
+    return {"n": n, "k": k, "batch": batch, "us": us, "cublas_us": cublas_us, "policy": policy, "context": context,
+            "ceiling_us": ceiling_us}
 
 
 def test_speed_bars_count_each_bar():
     bars = load_script("speed_bars")
-    fast = cell(2112, 7168, 1, 8.0, 12.6)  # under the 8.9 us floor
+    fast = cell(2112, 7168, 1, 8.0, 12.6)  # under the 8.4 us floor
     slow = cell(2112, 7168, 2, 13.0, 12.6)  # misses bars 1 and 2
     big = cell(20480, 7168, 1, 70.0, 77.0)  # 293.6 MB in 70 us: 4.19 TB/s < 4.2
     heavy = cell(2112, 7168, 256, 20.0, 17.0)  # more than 5% slower at a compute-bound batch
@@ -36,49 +37,105 @@ def test_speed_bars_count_each_bar():
     assert abs(geomean - (12.6 / 8.0 * 12.6 / 13.0 * 77.0 / 70.0) ** (1 / 3)) < 1e-12
 
 
+def test_speed_bar_1_takes_the_larger_of_the_byte_floor_and_the_ceiling_of_the_same_context():
+    bars = load_script("speed_bars")
+    floor = (2112 * 7168 + 7168) * 2 / 4.4e6  # 6.89 us
+    # Chain and pdl-glue: 1.5 us over the floor, or 0.3 us over the ceiling; glue: 2.2 us, or 0.5 us.
+    assert bars.bar1_limit_us(cell(2112, 7168, 1, 9.0, 12.0)) == floor + 1.5
+    assert bars.bar1_limit_us(cell(2112, 7168, 1, 9.0, 12.0, context="pdl-glue", ceiling_us=8.5)) == 8.5 + 0.3
+    assert bars.bar1_limit_us(cell(2112, 7168, 1, 9.0, 12.0, context="glue", ceiling_us=8.5)) == floor + 2.2
+    assert bars.bar1_limit_us(cell(2112, 7168, 1, 9.0, 12.0, context="glue", ceiling_us=9.0)) == 9.0 + 0.5
+    # Off the H200 only the ceiling counts; without one there is nothing to judge by.
+    assert bars.bar1_limit_us(cell(2112, 7168, 1, 9.0, 12.0, ceiling_us=6.0), absolute=False) == 6.3
+    assert bars.bar1_limit_us(cell(2112, 7168, 1, 9.0, 12.0), absolute=False) is None
+    # 9.0 us misses after the PDL-aware glue (limit 8.8) but not after the plain one (9.5); bar 3 holds only in
+    # chain and pdl-glue.
+    ceiling = 8.5
+    after = {context: bars.misses([cell(2112, 7168, 1, 9.0, 12.0, context=context, ceiling_us=ceiling),
+                                   cell(20480, 7168, 1, 70.0, 77.0, context=context, ceiling_us=70.0)])[0]
+             for context in ("pdl-glue", "glue")}
+    assert [len(after["pdl-glue"][bar]) for bar in (1, 3)] == [1, 1]
+    assert [len(after["glue"][bar]) for bar in (1, 3)] == [0, 0]
+
+
 def test_speed_bars_judge_several_runs_on_each_cells_medians():
     bars = load_script("speed_bars")
-    runs = [[cell(2112, 7168, 1, us, cublas)] for us, cublas in ((8.0, 12.0), (9.5, 12.6), (8.2, 13.0))]
+    runs = [[cell(2112, 7168, 1, us, cublas, ceiling_us=ceiling)]
+            for us, cublas, ceiling in ((8.0, 12.0, 7.0), (9.5, 12.6, 7.4), (8.2, 13.0, 7.2))]
     (one,) = bars.combined(runs)
-    assert (one["us"], one["cublas_us"]) == (8.2, 12.6)
-    # The median of each policy's cells, not of the runs' mix.
-    mixed = bars.combined([[cell(2112, 7168, 1, 8.0, 12.0), cell(2112, 7168, 1, 9.0, 12.0, "batch-invariant")]] * 2)
-    assert sorted(c["us"] for c in mixed) == [8.0, 9.0]
+    assert (one["us"], one["cublas_us"], one["ceiling_us"]) == (8.2, 12.6, 7.2)
+    # The median of each policy's and each context's cells, not of the runs' mix.
+    mixed = bars.combined([[cell(2112, 7168, 1, 8.0, 12.0), cell(2112, 7168, 1, 9.0, 12.0, "batch-invariant"),
+                            cell(2112, 7168, 1, 10.0, 12.0, context="glue")]] * 3)
+    assert sorted(c["us"] for c in mixed) == [8.0, 9.0, 10.0]
 
 
-def write_bench(path, gpu, cells):
-    path.write_text(json.dumps({"meta": {"gpu": gpu}, "cells": cells}))
+def write_bench(path, gpu, cells, method="cold L2"):
+    path.write_text(json.dumps({"meta": {"gpu": gpu, "method": method}, "cells": cells}))
     return str(path)
 
 
-def test_speed_bars_judge_bars_1_and_3_only_on_the_h200(tmp_path, monkeypatch, capsys):
+def test_speed_bars_want_three_runs_of_one_gpu_and_use_its_own_ceiling_off_the_h200(tmp_path, monkeypatch, capsys):
     bars = load_script("speed_bars")
-    # Slower than bar 1's 8.9 us and under bar 3's 4.2 TB/s, yet faster than torch.matmul: bars 1 and 3 only.
-    cells = [cell(2112, 7168, 1, 10.0, 14.0), cell(20480, 7168, 1, 90.0, 130.0)]
-    h200 = write_bench(tmp_path / "h200.json", "NVIDIA H200", cells)
-    h100 = write_bench(tmp_path / "h100.json", "NVIDIA H100 80GB HBM3", cells)
-    monkeypatch.setattr("sys.argv", ["speed_bars", h200])
+    # Faster than torch.matmul everywhere (geometric means over 1.35x in chain, 1.22x after glue). In chain, 2112 x 7168
+    # runs under the byte floor plus 1.5 us (8.39) but over its ceiling plus 0.3 (7.3), 20480 x 7168 over both and
+    # under 4.2 TB/s; after glue, only 20480 x 7168 runs over its limit (90.5 us).
+    cells = [cell(2112, 7168, 1, 8.0, 14.0, ceiling_us=7.0), cell(20480, 7168, 1, 90.0, 130.0, ceiling_us=89.0),
+             cell(2112, 7168, 1, 11.4, 15.0, context="glue", ceiling_us=11.0),
+             cell(20480, 7168, 1, 93.0, 130.0, context="glue", ceiling_us=90.0)]
+    h200 = [write_bench(tmp_path / f"h200-{run}.json", "NVIDIA H200", cells) for run in range(3)]
+    h100 = [write_bench(tmp_path / f"h100-{run}.json", "NVIDIA H100 80GB HBM3", cells) for run in range(3)]
+    monkeypatch.setattr("sys.argv", ["speed_bars", *h200])
     assert bars.main() == 1
-    assert "bar 1: 2 cells, bar 2: 0 cells, bar 3: 1 cells, bar 4: 0 cells" in capsys.readouterr().out
-    monkeypatch.setattr("sys.argv", ["speed_bars", h100])
-    assert bars.main() == 0
     out = capsys.readouterr().out
-    assert "these runs are on NVIDIA H100 80GB HBM3: not judged" in out
-    assert "misses bar 2: 0 cells, bar 4: 0 cells" in out and "bar 1" not in out.split("not judged")[1]
+    assert "tuned chain: geometric mean at M<=64 1.590x over 2 cells; misses bar 1: 1 cells, bar 2: 0 cells, " \
+        "bar 3: 1 cells, bar 4: 0 cells" in out
+    assert "tuned glue: geometric mean at M<=64 1.356x over 2 cells; misses bar 1: 1 cells, bar 2: 0 cells, " \
+        "bar 3: 0 cells, bar 4: 0 cells" in out
+    # On an H100 bar 1 takes the ceiling of the same run alone, and bar 3 is not judged.
+    monkeypatch.setattr("sys.argv", ["speed_bars", *h100])
+    assert bars.main() == 1
+    out = capsys.readouterr().out
+    assert "these runs are on NVIDIA H100 80GB HBM3: bar 1 judged by the read ceiling" in out
+    assert "tuned chain: geometric mean at M<=64 1.590x over 2 cells; misses bar 1: 2 cells, bar 2: 0 cells, " \
+        "bar 4: 0 cells" in out and "bar 3" not in out.split("not judged")[1]
+    assert "tuned glue: geometric mean at M<=64 1.356x over 2 cells; misses bar 1: 1 cells" in out
+    # Fewer than three runs: refused, unless asked for a look.
+    monkeypatch.setattr("sys.argv", ["speed_bars", *h200[:2]])
+    with pytest.raises(SystemExit):
+        bars.main()
+    assert "at least 3 runs" in capsys.readouterr().err
+    monkeypatch.setattr("sys.argv", ["speed_bars", h200[0], "--fewer-runs"])
+    assert bars.main() == 1 and "a look, not a verdict" in capsys.readouterr().out
     # The medians of two GPUs' runs would mean nothing.
-    monkeypatch.setattr("sys.argv", ["speed_bars", h200, h100])
+    monkeypatch.setattr("sys.argv", ["speed_bars", *h200, h100[0]])
     with pytest.raises(SystemExit):
         bars.main()
     assert "different GPUs" in capsys.readouterr().err
 
 
-def test_batch_invariant_allowance_is_ten_percent_over_tuned_per_cell():
+def test_speed_bars_read_runs_saved_before_cells_had_contexts(tmp_path, monkeypatch, capsys):
+    bars = load_script("speed_bars")
+    old = [{key: value for key, value in cell(2112, 7168, 1, 8.0, 12.0).items() if key != "context"}]
+    runs = [write_bench(tmp_path / f"{run}.json", "NVIDIA H200", old, method) for run, method in
+            enumerate(["cold L2, back to back", "cold L2, a small foreign kernel before every launch (subtracted)"])]
+    monkeypatch.setattr("sys.argv", ["speed_bars", *runs, "--fewer-runs"])
+    assert bars.main() == 0
+    out = capsys.readouterr().out
+    assert "tuned chain: geometric mean at M<=64 1.500x over 1 cells" in out
+    assert "tuned glue: geometric mean at M<=64 1.500x over 1 cells" in out
+
+
+def test_batch_invariant_allowance_is_ten_percent_over_tuned_per_cell_and_context():
     bars = load_script("speed_bars")
     cells = [cell(3072, 7168, 4, 12.0, 15.0), cell(3072, 7168, 4, 13.4, 15.0, "batch-invariant"),
              cell(3072, 7168, 8, 12.0, 15.0), cell(3072, 7168, 8, 13.1, 15.0, "batch-invariant"),
+             cell(3072, 7168, 8, 11.0, 15.0, context="glue"),
+             cell(3072, 7168, 8, 13.1, 15.0, "batch-invariant", context="glue"),
              cell(3072, 7168, 256, 20.0, 21.0), cell(3072, 7168, 256, 30.0, 21.0, "batch-invariant")]
     over = bars.invariant_excess(cells)
-    assert len(over) == 1 and "M=4" in over[0] and "1.12 x tuned" in over[0]
+    assert len(over) == 2 and "chain 3072x7168 M=4" in over[0] and "1.12 x tuned" in over[0]
+    assert "glue 3072x7168 M=8" in over[1] and "1.19 x tuned" in over[1]
 
 
 def entry(n, batch, tactic, invariant=False):
@@ -118,6 +175,22 @@ def test_merge_takes_the_faster_tactic_per_cell(tmp_path, capsys, monkeypatch):
     # Batch 4 only table b has: it is kept, not dropped.
     assert merged == {(1536, 1): [128, 8, 4, 13, 1], (1536, 2): [64, 8, 8, 6, 1], (1536, 4): [64, 8, 8, 6, 1]}
     assert "1 from" in capsys.readouterr().out
+
+
+def test_merge_scores_a_cell_by_the_geometric_mean_over_the_contexts_of_one_benchmark(tmp_path, monkeypatch):
+    merge = load_script("merge_tables")
+    runs = []
+    for name, tactic, chain, glue in (("a", [128, 8, 4, 13, 1], 5.0, 9.0), ("b", [64, 8, 8, 6, 1], 6.0, 7.0)):
+        table, bench = tmp_path / f"{name}.json", tmp_path / f"{name}-bench.json"
+        table.write_text(json.dumps({"format": 1, "entries": [entry(1536, 1, tactic)]}))
+        cells = [dict(cell(1536, 7168, 1, us, 10.0, context=context), source="table", tactic=tactic + [1])
+                 for context, us in (("chain", chain), ("glue", glue))]
+        bench.write_text(json.dumps({"meta": {}, "cells": cells}))
+        runs.append([table, bench])
+    # a is faster back to back, b after glue and by the geometric mean (6.48 us against 6.71).
+    assert run_merge(merge, monkeypatch, *runs, tmp_path / "merged.json") == {(1536, 1): [64, 8, 8, 6, 1]}
+    with pytest.raises(SystemExit, match="first file must be a table"):
+        run_merge(merge, monkeypatch, runs[0][::-1], runs[1], tmp_path / "merged.json")
 
 
 def test_merge_refuses_tables_of_several_gpus_or_dtypes(tmp_path, monkeypatch):
@@ -247,11 +320,14 @@ def test_changed_cells_rank_by_the_same_runs_timings():
     # Older tables leave out the fold: the same tactic is no change.
     old = [entry(2112, 64, a), entry(2112, 48, a[:9]), entry(3584, 64, a, True)]
     new = [entry(2112, 64, b), entry(2112, 48, a), entry(3584, 64, c, True)]
+    # Scored as the tuner scores: the geometric mean over the contexts each row names (a row of an older file
+    # names none: back to back, then after glue).
     timings = [{"n": 2112, "k": 7168, "batch": 64, "timed": [[a, 10.0, 12.0], [b, 9.9, 11.9]]},
-               {"n": 3584, "k": 7168, "batch": 64, "timed": [[a, 15.0, 17.0], [c, 14.4, 16.2]]}]
+               {"n": 3584, "k": 7168, "batch": 64, "contexts": ["chain", "pdl-glue", "glue"],
+                "timed": [[a, 15.0, 16.0, 18.0], [c, 14.4, 15.0, 16.2]]}]
     found = script.changed([(old[:2], new[:2]), (old[2:], new[2:])], timings)
-    assert [cell for _, cell, _ in found] == [(3584, 7168, 64), (2112, 7168, 64)]  # 0.7 us, then 0.1
-    assert abs(found[0][0] - 0.7) < 1e-9
+    assert [cell for _, cell, _ in found] == [(3584, 7168, 64), (2112, 7168, 64)]  # 0.93 us, then 0.1
+    assert abs(found[0][0] - ((15 * 16 * 18) ** (1 / 3) - (14.4 * 15 * 16.2) ** (1 / 3))) < 1e-9
     assert script.probe_cell(*found[0][1:]) == "3584x7168:64:64,64,3,7,1,1,1/56,64,2,6,2,1,1"
     time_tactics = load_script("time_tactics")
     assert time_tactics.parse_cell(script.probe_cell(*found[0][1:]))[3][1] == SplitKTactic(56, 64, 2, 6, 2)
