@@ -165,11 +165,6 @@ def apply_glue(model, ops):
     return None
 
 
-def fallback_count(report):
-    """Calls of the swapped layers that went to F.linear so far."""
-    return sum(sum(getattr(layer, "fallbacks", Counter()).values()) for layer in report.swapped.values())
-
-
 @contextlib.contextmanager
 def layers_of(model, modules):
     """Within the block, ``model`` holds ``modules`` ({name: module}) at those names; restored afterwards."""
@@ -232,9 +227,11 @@ def profile_graph(graph, reset, replays=5):
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
+    assert replays <= FREE_SLOTS  # each replay writes the next slot: no reset (and its kernels) in the profile
+    reset()
+    torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(replays):
-            reset()
             graph.replay()
         torch.cuda.synchronize()
     totals = Counter()
@@ -265,15 +262,33 @@ def cpu_check(transformers, sizes, batches, cache_lens):
     return {"report": report, "fallbacks": found, "logits": logits}
 
 
+def projection_variants(report, linears, batches, pdl):
+    """``{variant: {name: layer}}`` of this package's layers for the names ``report`` swapped: the swap's own
+    (with PDL) and/or ProjectionLinear layers of the same weights launched without PDL."""
+    from decode_projection.layer import ProjectionLinear
+
+    variants = {}
+    if pdl in ("on", "both"):
+        variants["ours, PDL"] = dict(report.swapped)
+    if pdl in ("off", "both"):
+        layers = {name: ProjectionLinear.from_linear(linears[name], batches=batches, programmatic_launch=False)
+                  for name in report.swapped}
+        unprepared = [name for name, layer in layers.items() if layer.prepared is None]
+        if unprepared:
+            raise SystemExit(f"without PDL, these layers did not prepare: {unprepared}")
+        variants["ours, no PDL"] = layers
+    return variants
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, nargs="+", default=None, help=f"default {BATCHES}")
     parser.add_argument("--cache-lens", type=int, nargs="+", default=None, help=f"default {CACHE_LENS}")
     parser.add_argument("--layers", type=int, default=None, help="decoder layers (default 8)")
     parser.add_argument("--replays", type=int, default=100, help="timed replays per variant and cell")
+    parser.add_argument("--pdl", choices=("on", "off", "both"), default="both",
+                        help="this package's layers with programmatic dependent launch, without, or both variants")
     parser.add_argument("--no-profile", action="store_true", help="skip the profile of kernel time by category")
-    parser.add_argument("--no-programmatic-launch", action="store_true",
-                        help="launch the swapped layers without PDL (ProjectionLinear programmatic_launch=False)")
     parser.add_argument("--glue", action="store_true", help="also the PDL-aware glue variant (decode_projection.ops)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--tiny", action="store_true", help="a tiny model (sizes for a CPU check)")
@@ -288,8 +303,12 @@ def main(argv=None):
         sizes["num_hidden_layers"] = args.layers
     if args.device == "cpu":
         return cpu_check(transformers, sizes, batches, cache_lens)
+    return benchmark(transformers, args, sizes, batches, cache_lens)
 
-    dtype, device = torch.bfloat16, "cuda"
+
+def benchmark(transformers, args, sizes, batches, cache_lens, device="cuda"):
+    """The timed comparison on a GPU: swap, hand back layers that see no decode batch, capture, replay, profile."""
+    dtype = torch.bfloat16
     config = build_config(transformers, sizes, max(cache_lens))
     model = build_model(transformers, config, device, dtype)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -299,8 +318,7 @@ def main(argv=None):
           f"{sizes['num_attention_heads']} heads, {weight_bytes / 2**30:.2f} GiB of BF16 weights")
 
     linears = {name: module for name, module in model.named_modules() if isinstance(module, nn.Linear)}
-    options = {"programmatic_launch": False} if args.no_programmatic_launch else {}
-    report = swap_linears(model, batches, **options)
+    report = swap_linears(model, batches)
 
     # One eager step finds the layers that see more rows than a decode batch; nn.Linear gets them back.
     probe = DecodeCache(transformers, config, cache_lens[0], batches[0], device, dtype)
@@ -316,21 +334,25 @@ def main(argv=None):
     for name, why in found.items():
         print(f"  {name}: {why}")
     print(report)
-    swapped = dict(report.swapped)
-    plain = {name: linears[name] for name in swapped}
 
-    variants = {"nn.Linear": plain, "decode_projection": swapped}
+    variants = {"nn.Linear": {name: linears[name] for name in report.swapped}}
+    variants.update(projection_variants(report, linears, batches, args.pdl))
     if args.glue:
         ops = glue_ops()
         if ops is None:
             print("--glue: PDL-aware glue not yet available (no decode_projection.ops); variant skipped")
         elif apply_glue(model, ops) is None:
             print("--glue: decode_projection.ops exists but apply_glue() is not wired to it yet; variant skipped")
+    ours = [name for name in variants if name != "nn.Linear"]
+
+    def fallback_count():
+        return sum(sum(getattr(layer, "fallbacks", Counter()).values())
+                   for name in ours for layer in variants[name].values())
 
     results = []
-    header = (f"{'cache':>5} {'batch':>5} {'nn.Linear us':>13} {'ours us':>9} {'speedup':>8} {'fallbacks':>9}")
-    print(f"\none decode step, CUDA-graph replay, median of {args.replays} alternating replays")
-    print(header)
+    print(f"\none decode step, CUDA-graph replay, median us of {args.replays} replays (variants alternating)")
+    print(f"{'cache':>5} {'batch':>5} {'nn.Linear':>10} " + " ".join(f"{name:>13} {'speedup':>7}" for name in ours)
+          + f" {'fallbacks':>9}")
     for cache_len in cache_lens:
         for batch in batches:
             cache = DecodeCache(transformers, config, cache_len, batch, device, dtype)
@@ -341,58 +363,58 @@ def main(argv=None):
 
             with torch.no_grad():
                 cache.fill(step)
-                before = fallback_count(report)
+                before = fallback_count()
                 graphs = {}
                 for name, modules in variants.items():
                     with layers_of(model, modules):
                         graphs[name] = capture(step, cache.reset)
-                fallbacks = fallback_count(report) - before
+                fallbacks = fallback_count() - before  # in the warm-up and captured steps of this cell
                 times = time_graphs(graphs, cache.reset, args.replays)
                 profiles = {} if args.no_profile else {name: profile_graph(g, cache.reset) for name, g in graphs.items()}
-            ours, theirs = times["decode_projection"], times["nn.Linear"]
-            print(f"{cache_len:>5} {batch:>5} {theirs:13.1f} {ours:9.1f} {theirs / ours:7.3f}x {fallbacks:>9}")
-            results.append({"cache_len": cache_len, "batch": batch, "us": times, "speedup": theirs / ours,
-                            "fallbacks_during_capture": fallbacks,
-                            "profile_us": {name: dict(p) for name, p in profiles.items()}})
+            base = times["nn.Linear"]
+            print(f"{cache_len:>5} {batch:>5} {base:10.1f} "
+                  + " ".join(f"{times[name]:13.1f} {base / times[name]:6.3f}x" for name in ours) + f" {fallbacks:>9}")
+            results.append({"cache_len": cache_len, "batch": batch, "us": times,
+                            "speedup": {name: base / times[name] for name in ours},
+                            "fallbacks": fallbacks, "profile_us": {name: dict(p) for name, p in profiles.items()}})
             del graphs, cache
             torch.cuda.empty_cache()
 
     if not args.no_profile:
-        print_profiles(results)
+        print_profiles(results, ours)
     if args.json:
         with open(args.json, "w") as file:
             json.dump({"gpu": gpu, "transformers": transformers.__version__, "torch": torch.__version__,
                        "sizes": sizes, "batches": batches, "cache_lens": cache_lens, "replays": args.replays,
-                       "programmatic_launch": not args.no_programmatic_launch,
                        "swapped": sorted(report.swapped), "left_alone": report.left_alone,
                        "results": results}, file, indent=1)
         print(f"wrote {args.json}")
     return results
 
 
-def print_profiles(results):
+def print_profiles(results, ours):
     """Per cell and variant: kernel us per step by category, and the projections' share of the step."""
-    print("\nprofile, kernel us per step (5 replays): projections = this package's kernels in the swapped step; "
-          "for nn.Linear, its GEMMs less those both steps share\n(kv_b_proj's cache expansion, the rotary matmul: "
-          "the swapped step's other GEMMs)")
-    print(f"{'cache':>5} {'batch':>5} {'variant':>17} {'step us':>9} {'projections us':>15} {'share':>6} "
-          f"{'other GEMM':>10} {'attention':>9} {'other':>8}")
+    print("\nprofile of 5 graph replays per cell and variant, kernel us per step. projections: this package's "
+          "kernels (SplitKGemm); for nn.Linear, its GEMMs less\nthe GEMMs both steps share, which are the swapped "
+          "step's other GEMMs (kv_b_proj expanding the cache, the rotary embedding's matmul, SDPA's if it takes its math path)")
+    print(f"{'cache':>5} {'batch':>5} {'variant':>13} {'step us':>9} {'projections':>11} {'share':>6} "
+          f"{'other GEMM':>10} {'attention':>9} {'other':>8} {'kernels':>8}")
     for cell in results:
         profiles = cell["profile_us"]
         if not any(profiles.values()):
             print(f"{cell['cache_len']:>5} {cell['batch']:>5}  no kernels seen in the profiled graph replays")
             continue
-        shared = profiles["decode_projection"].get("other GEMM", 0.0)
+        shared = profiles[ours[0]].get("other GEMM", 0.0) if ours else 0.0
         for name, totals in profiles.items():
-            if name == "decode_projection":
-                projections, other_gemm = totals.get("decode_projection", 0.0), totals.get("other GEMM", 0.0)
-            else:
-                projections = totals.get("other GEMM", 0.0) + totals.get("decode_projection", 0.0) - shared
+            if name == "nn.Linear":
+                projections = totals.get("other GEMM", 0.0) - shared
                 other_gemm = shared
+            else:
+                projections, other_gemm = totals.get("decode_projection", 0.0), totals.get("other GEMM", 0.0)
             step = cell["us"][name]
-            print(f"{cell['cache_len']:>5} {cell['batch']:>5} {name:>17} {step:9.1f} {projections:15.1f} "
+            print(f"{cell['cache_len']:>5} {cell['batch']:>5} {name:>13} {step:9.1f} {projections:11.1f} "
                   f"{projections / step:6.1%} {other_gemm:10.1f} {totals.get('attention', 0.0):9.1f} "
-                  f"{totals.get('other', 0.0):8.1f}")
+                  f"{totals.get('other', 0.0):8.1f} {sum(totals.values()):8.1f}")
 
 
 if __name__ == "__main__":
