@@ -8,8 +8,10 @@ A StaticCache of 1024 or 4096 tokens is filled with random latents up to 16
 tokens before its end, and one decode step (input_ids [batch, 1]) is captured
 in a CUDA graph per batch. The same model runs it with its nn.Linear layers
 (cuBLAS) and with them swapped by one call,
-``decode_projection.swap.swap_linears(model, batches=...)``; the two graphs of
-a cell are replayed alternately and the median step time of each is printed.
+``decode_projection.swap.swap_linears(model, batches=...)``, whose layers launch
+with programmatic dependent launch (PDL), and, with ``--pdl both`` (the
+default), with the same layers launched without it. A cell's graphs are
+replayed alternately and the median step time of each is printed.
 
 What the swap leaves alone is printed with the reason. This transformers
 version keeps the compressed KV latents in the cache and expands the whole
@@ -236,7 +238,8 @@ def profile_graph(graph, reset, replays=5):
         torch.cuda.synchronize()
     totals = Counter()
     for event in prof.events():
-        if event.device_type == DeviceType.CUDA and not event.name.startswith(("Memset", "Memcpy")):
+        if (event.device_type == DeviceType.CUDA and not getattr(event, "is_user_annotation", False)
+                and not event.name.startswith(("Memset", "Memcpy"))):
             totals[kernel_category(event.name)] += event.device_time_total / replays
     return totals
 
@@ -370,7 +373,8 @@ def benchmark(transformers, args, sizes, batches, cache_lens, device="cuda"):
                         graphs[name] = capture(step, cache.reset)
                 fallbacks = fallback_count() - before  # in the warm-up and captured steps of this cell
                 times = time_graphs(graphs, cache.reset, args.replays)
-                profiles = {} if args.no_profile else {name: profile_graph(g, cache.reset) for name, g in graphs.items()}
+                profiles = {} if args.no_profile else {
+                    name: profile_graph(graph, cache.reset) for name, graph in graphs.items()}
             base = times["nn.Linear"]
             print(f"{cache_len:>5} {batch:>5} {base:10.1f} "
                   + " ".join(f"{times[name]:13.1f} {base / times[name]:6.3f}x" for name in ours) + f" {fallbacks:>9}")
@@ -395,8 +399,8 @@ def benchmark(transformers, args, sizes, batches, cache_lens, device="cuda"):
 def print_profiles(results, ours):
     """Per cell and variant: kernel us per step by category, and the projections' share of the step."""
     print("\nprofile of 5 graph replays per cell and variant, kernel us per step. projections: this package's "
-          "kernels (SplitKGemm); for nn.Linear, its GEMMs less\nthe GEMMs both steps share, which are the swapped "
-          "step's other GEMMs (kv_b_proj expanding the cache, the rotary embedding's matmul, SDPA's if it takes its math path)")
+          "kernels (SplitKGemm);\nfor nn.Linear, its GEMMs less those both steps share: the swapped step's other "
+          "GEMMs (kv_b_proj expanding the cache,\nthe rotary embedding's matmul, SDPA's if it takes its math path)")
     print(f"{'cache':>5} {'batch':>5} {'variant':>13} {'step us':>9} {'projections':>11} {'share':>6} "
           f"{'other GEMM':>10} {'attention':>9} {'other':>8} {'kernels':>8}")
     for cell in results:
