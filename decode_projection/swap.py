@@ -119,7 +119,9 @@ class SwapReport:
     ``left_alone`` maps every other ``nn.Linear``'s name to the reason.
     ``aliases`` lists further names of a layer that sits at several places in
     the model (every place got the same new layer). ``rows`` holds the rows per
-    call each swapped layer saw under ``record_rows``.
+    call each swapped layer saw under ``record_rows``. ``originals`` keeps each
+    swapped ``nn.Linear`` (sharing its weight's storage) for ``restore``: after
+    moving the model to another device, drop the report or it holds the old copies.
     """
 
     batches: tuple[int, ...]
