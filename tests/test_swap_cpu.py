@@ -237,3 +237,60 @@ def test_tiny_deepseek_v3_logits_unchanged_by_the_swap():
         swapped = step()
     assert all(isinstance(model.get_submodule(name), Stub) for name in report.swapped)
     torch.testing.assert_close(swapped, expected, rtol=0, atol=0)
+
+
+def test_benchmark_plumbing_with_fake_graphs(monkeypatch, tmp_path, capsys):
+    """The GPU branch of the example on the CPU: stand-in layers, graphs that run the step, made-up times."""
+    import functools
+    import json
+    import types
+
+    transformers = pytest.importorskip("transformers")
+    example = load_example()
+    if int(transformers.__version__.split(".")[0]) < 5:
+        pytest.skip(f"the example drives transformers >= 5, found {transformers.__version__}")
+    monkeypatch.setattr(example, "swap_linears",
+                        functools.partial(swap_linears, factory=Stub.from_linear, device_check=anywhere))
+    monkeypatch.setattr(example, "projection_variants", lambda report, linears, batches, pdl: {
+        "ours, PDL": dict(report.swapped),
+        "ours, no PDL": {name: Stub.from_linear(linears[name], batches=batches) for name in report.swapped}})
+    captured = []
+
+    class Graph:
+        def __init__(self, step, model):
+            self.layer = model.get_submodule("lm_head")
+            captured.append(self.layer)
+            self.step = step
+
+        def replay(self):
+            self.step()
+
+    def capture(step, reset):
+        reset()
+        return Graph(step, model_holder[0])
+
+    model_holder = []
+    build_model = example.build_model
+    monkeypatch.setattr(example, "build_model", lambda *a: model_holder.append(build_model(*a)) or model_holder[0])
+    monkeypatch.setattr(example, "capture", capture)
+    monkeypatch.setattr(example, "time_graphs", lambda graphs, reset, replays: {
+        name: 100.0 - 10 * index for index, name in enumerate(graphs)})
+    monkeypatch.setattr(example, "profile_graph", lambda graph, reset: Counter(
+        {"other GEMM": 5.0, "other": 3.0} if isinstance(graph.layer, nn.Linear) else
+        {"decode_projection": 4.0, "other GEMM": 1.0, "other": 3.0}))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "fake GPU")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    out = tmp_path / "step.json"
+    args = types.SimpleNamespace(replays=3, pdl="both", glue=True, no_profile=False, json=str(out))
+    results = example.benchmark(transformers, args, dict(example.TINY), (1, 4), (32,), device="cpu")
+    # Each cell captured nn.Linear, then both variants of this package's layers, in the model.
+    assert [type(layer).__name__ for layer in captured] == ["Linear", "Stub", "Stub"] * 2
+    assert [cell["fallbacks"] for cell in results] == [0, 0]
+    assert results[0]["speedup"] == {"ours, PDL": 100.0 / 90.0, "ours, no PDL": 100.0 / 80.0}
+    text = capsys.readouterr().out
+    assert "left alone   model.layers.*.self_attn.kv_b_proj  x2: not a decode projection here" in text
+    assert "PDL-aware glue not yet available" in text
+    # nn.Linear's projections: its GEMMs less the other GEMMs of the swapped step.
+    assert "   32     1     nn.Linear     100.0         4.0   4.0%        1.0" in text
+    saved = json.loads(out.read_text())
+    assert saved["left_alone"].keys() == {f"model.layers.{i}.self_attn.kv_b_proj" for i in range(2)}
