@@ -6,26 +6,47 @@ consults the DSL's own cache, so this one is ours: each compiled kernel is
 written with ``dump_to_object`` (an ELF object embedding the sm_90a cubin) and
 loaded back with ``cute.runtime.load_module``.
 
-The key covers every input of code generation: the tactic, the dtypes, the
-architecture, the CuTe DSL version and a fingerprint of our kernel and compile
-sources; change any of them and the old file is simply never looked up again.
-Two processes starting together serialize on a per-key file lock, and files
-appear by atomic rename, so nobody loads half a file. A file's name carries the
-hash of its bytes, checked before loading, so a damaged file is never run; any
-file that cannot be read, checked, loaded or written is a miss, compiled in
-memory: the cache can make a start slower, never wrong and never failing.
+The key covers every input of code generation: the tactic, the dtypes, the GPU
+architecture, the host CPU architecture (the object holds host code too), the
+CuTe DSL version and settings and a fingerprint of every module of this package
+that compiling the kernel imports; change any of them and the old file is simply
+never looked up again. Two processes starting together serialize on a per-key
+file lock (waited for a bounded time), and files appear by atomic rename, so
+nobody loads half a file. A file's name carries the hash of its bytes, checked
+before loading, so a damaged file is never run; any file that cannot be read,
+checked, loaded or written is a miss, compiled in memory: the cache can make a
+start slower, never wrong and never failing.
+
+What the cache trusts: only what this user (or root) wrote. Loading an object
+runs code from it in this process (the DSL's loader unpickles a signature stored
+inside, and links the object's host code), and a hash in a file's name only
+catches accidents: anyone can name a file of their own that way. So the
+directory is created 0700 and files are written 0600; before loading, the
+directory must be a real directory (not a symlink) owned by this user or root
+and writable by nobody else, or the cache is refused: one warning, kernels
+compiled in memory, nothing read or written there. Each file must likewise be a
+regular file, not a symlink (opened with ``O_NOFOLLOW``), owned by this user or
+root and writable by nobody else, or it is skipped; its bytes are read once from
+that checked descriptor and exactly those bytes are loaded, from memory. Root is
+trusted as OpenSSH's StrictModes trusts it: it can change this process anyway.
 
 Environment: ``DECODE_PROJECTION_CACHE_DIR`` sets the directory (default
-``~/.cache/decode_projection``); ``DECODE_PROJECTION_DISK_CACHE=0`` (or ``off``,
-``false``, ``no``) disables it.
+``~/.cache/decode_projection``; ``~`` is expanded); ``DECODE_PROJECTION_DISK_CACHE``
+takes ``1/0``, ``true/false``, ``on/off`` or ``yes/no`` (default on).
 """
 
+import ast
 import ctypes
+import errno
 import fcntl
 import hashlib
+import logging
 import os
-import tempfile
-from contextlib import contextmanager
+import platform
+import secrets
+import stat
+import time
+from contextlib import contextmanager, suppress
 from functools import cache
 from pathlib import Path
 
@@ -33,46 +54,101 @@ import cutlass
 from cutlass.cute.runtime import load_module
 from cutlass.runtime import find_runtime_libraries
 
-# The sources whose text decides the generated code.
-CODEGEN_SOURCES = ("splitk.py", "tactic.py", "projection.py")
+logger = logging.getLogger(__name__)
+
 FORMAT = "2"  # 2: file names carry the hash of their bytes
-DISABLED = ("0", "off", "false", "no")
+SWITCH = "DECODE_PROJECTION_DISK_CACHE"
+SWITCH_WORDS = {"1": True, "true": True, "on": True, "yes": True, "0": False, "false": False, "off": False, "no": False}
+PACKAGE = Path(__file__).parent
+# The module that compiles the kernel: it and every module of this package it imports, transitively, are
+# inputs of code generation.
+COMPILING_MODULE = "projection"
+# A compile takes seconds; a holder that keeps the lock longer is stuck or far behind, and compiling here
+# costs less than waiting on.
+LOCK_WAIT_S = 30.0
+LOCK_POLL_S = 0.05
+PRIVATE_DIRECTORY, PRIVATE_FILE = 0o700, 0o600
+OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
+
+_warned_directories = set()
+
+
+class Untrusted(Exception):
+    """A cache directory or file this process must not load from: its message says why."""
+
+
+def disk_cache_enabled() -> bool:
+    """Whether ``DECODE_PROJECTION_DISK_CACHE`` leaves the disk cache on (unset: on)."""
+    value = os.environ.get(SWITCH)
+    if value is None:
+        return True
+    try:
+        return SWITCH_WORDS[value.strip().lower()]
+    except KeyError:
+        raise ValueError(f"{SWITCH}={value!r}: expected 1/0, true/false, on/off or yes/no") from None
 
 
 def cache_dir():
-    """The cache directory, or None when the disk cache is disabled."""
-    if os.environ.get("DECODE_PROJECTION_DISK_CACHE", "1").strip().lower() in DISABLED:
+    """The cache directory, or None when the disk cache is disabled or there is no home to put it in."""
+    if not disk_cache_enabled():
         return None
     root = os.environ.get("DECODE_PROJECTION_CACHE_DIR")
-    if root:
-        return Path(root)
     try:
-        return Path.home() / ".cache" / "decode_projection"
-    except RuntimeError:  # no HOME and no passwd entry (an arbitrary container uid): no default place
+        return Path(root).expanduser() if root else Path.home() / ".cache" / "decode_projection"
+    except RuntimeError:  # no HOME and no passwd entry (an arbitrary container uid): no home to expand
         return None
 
 
 def writable_cache_dir():
-    """The cache directory when this process can create files in it and list them, else None."""
+    """The cache directory when it is trusted and this process can create files in it and list them, else None."""
     directory = cache_dir()
     if directory is None:
         return None
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=directory):
-            pass
-        next(directory.iterdir(), None)  # lookups glob the directory: one it cannot list finds nothing stored
+    with _trusted_directory(directory) as directory_fd:
+        if directory_fd is None:
+            return None
+        try:
+            name = _temporary_name("probe")
+            os.close(_create_private(directory_fd, name))
+            os.unlink(name, dir_fd=directory_fd)
+            _listing(directory_fd)  # lookups list the directory: one that cannot be listed finds nothing stored
+        except OSError:
+            return None
         return directory
-    except OSError:
-        return None
+
+
+def codegen_sources() -> list:
+    """The files of every module of this package that compiling the kernel imports, transitively."""
+    found, pending = set(), [COMPILING_MODULE]
+    while pending:
+        module = pending.pop()
+        if module not in found:
+            found.add(module)
+            pending.extend(_package_imports(PACKAGE / f"{module}.py"))
+    return sorted(PACKAGE / f"{module}.py" for module in found)
+
+
+def _package_imports(path) -> set:
+    """The modules of this package that the source at ``path`` imports, anywhere in it (functions too)."""
+    dotted = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            dotted += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = f"{PACKAGE.name}.{node.module or ''}".rstrip(".") if node.level else node.module or ""
+            # ``from . import x`` and ``from decode_projection import x`` import the module x: any name may be one.
+            dotted += [module] + [f"{module}.{alias.name}" for alias in node.names]
+    modules = {name.split(".")[1] for name in dotted if name.startswith(f"{PACKAGE.name}.")}
+    return {module for module in modules if (PACKAGE / f"{module}.py").is_file()}
 
 
 @cache
 def source_fingerprint() -> str:
-    """A hash of the kernel and compile sources."""
+    """A hash of the names and text of the modules that compiling the kernel imports."""
     digest = hashlib.sha256()
-    for name in CODEGEN_SOURCES:
-        digest.update((Path(__file__).with_name(name)).read_bytes())
+    for path in codegen_sources():
+        text = path.read_bytes()
+        digest.update(f"{path.name}\0{len(text)}\0".encode() + text)
     return digest.hexdigest()
 
 
@@ -89,8 +165,9 @@ def dsl_settings() -> str:
 
 
 def cache_key(*codegen_inputs) -> str:
-    """The file key of one kernel: its codegen inputs, the DSL version and settings, and our sources."""
-    text = repr((FORMAT, cutlass.__version__, dsl_settings(), source_fingerprint(), *codegen_inputs))
+    """The file key of one kernel: its codegen inputs, the host CPU, the DSL version and settings, and our sources."""
+    text = repr((FORMAT, platform.machine(), cutlass.__version__, dsl_settings(), source_fingerprint(),
+                 *codegen_inputs))
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -101,9 +178,103 @@ def _load_runtime():
         ctypes.CDLL(library, mode=ctypes.RTLD_GLOBAL)
 
 
-def _load(path, prefix):
-    """The compiled function stored at ``path``."""
-    loaded = load_module(str(path))[prefix]
+def _warn_once(directory, message):
+    """Log a warning about the cache at ``directory`` unless one was logged for it already."""
+    if str(directory) not in _warned_directories:
+        _warned_directories.add(str(directory))
+        logger.warning("compile cache %s: %s", directory, message)
+
+
+def _owner(status) -> int:
+    """The uid owning a file: the ownership check's one input, where tests stand in another user without root."""
+    return status.st_uid
+
+
+def _check_trusted(status, is_kind, kind):
+    """Raise ``Untrusted`` unless ``status`` is a ``kind`` (no symlink) of this user or root, writable by it only."""
+    if stat.S_ISLNK(status.st_mode):
+        raise Untrusted(f"a symbolic link, not a {kind}")
+    if not is_kind(status.st_mode):
+        raise Untrusted(f"not a {kind}")
+    if _owner(status) not in (os.geteuid(), 0):
+        raise Untrusted(f"owned by uid {_owner(status)}, not by this user (uid {os.geteuid()}) or root")
+    if status.st_mode & OTHERS_WRITE:
+        raise Untrusted(f"writable by group or others (mode {stat.S_IMODE(status.st_mode):04o})")
+
+
+def _open_trusted_directory(directory) -> int:
+    """A descriptor of ``directory``, created 0700 where missing; raises ``Untrusted`` or ``OSError``."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with suppress(FileExistsError):
+        os.mkdir(directory, PRIVATE_DIRECTORY)
+    _check_trusted(os.lstat(directory), stat.S_ISDIR, "directory")  # says "symlink" where opening says ENOTDIR
+    directory_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        _check_trusted(os.fstat(directory_fd), stat.S_ISDIR, "directory")  # what was opened, swapped in or not
+    except Untrusted:
+        os.close(directory_fd)
+        raise
+    return directory_fd
+
+
+@contextmanager
+def _trusted_directory(directory):
+    """Yield a descriptor of the cache directory, or None (warned once) where it cannot be made or trusted."""
+    try:
+        directory_fd = _open_trusted_directory(directory)
+    except (Untrusted, OSError) as problem:
+        reason = (problem.strerror or problem) if isinstance(problem, OSError) else problem
+        _warn_once(directory, f"not used ({reason}); kernels are compiled in memory")
+        yield None
+        return
+    try:
+        yield directory_fd
+    finally:
+        os.close(directory_fd)
+
+
+def _listing(directory_fd) -> list:
+    """The names in the cache directory."""
+    return os.listdir(directory_fd)
+
+
+def _read_trusted(directory_fd, name) -> bytes:
+    """The bytes of the file ``name``, read once from a descriptor checked to be trusted; raises ``Untrusted``."""
+    try:
+        # O_NONBLOCK: a FIFO planted under the name must not hang the open.
+        file_fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory_fd)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise Untrusted("a symbolic link, not a file") from None
+        raise
+    try:
+        _check_trusted(os.fstat(file_fd), stat.S_ISREG, "regular file")
+        with open(file_fd, "rb", closefd=False) as file:
+            return file.read()
+    finally:
+        os.close(file_fd)
+
+
+@contextmanager
+def _memory_path(blob):
+    """Yield a path naming a copy of ``blob`` in this process's memory: the loader takes only a path, and this one
+    no other process can change between the check and the load."""
+    memory_fd = os.memfd_create("decode_projection_kernel", os.MFD_CLOEXEC)
+    try:
+        with open(memory_fd, "wb", closefd=False) as file:
+            file.write(blob)
+        path = f"/proc/self/fd/{memory_fd}"
+        if not os.path.exists(path):  # no /proc: nothing to load through, which is no fault of the file
+            raise FileNotFoundError(errno.ENOENT, "no /proc to load kernels from memory", path)
+        yield path
+    finally:
+        os.close(memory_fd)
+
+
+def _load(blob, prefix, path):
+    """The compiled function in object bytes ``blob``; ``path`` is where they are stored."""
+    with _memory_path(blob) as memory_path:
+        loaded = load_module(memory_path)[prefix]
     loaded.object_file = str(path)  # lets sass.kernel_report disassemble a cached kernel
     return loaded
 
@@ -113,94 +284,154 @@ def _stored_name(key, blob):
     return f"{key}-{hashlib.sha256(blob).hexdigest()[:16]}.o"
 
 
-def _load_stored(directory, key, prefix, writable):
-    """The kernel stored under ``key`` whose bytes match its name, else None; a damaged file is removed where
-    the key's lock is held (``writable``)."""
+def _remove(directory_fd, name):
+    """Remove ``name`` from the cache directory if it can be."""
+    with suppress(OSError):
+        os.unlink(name, dir_fd=directory_fd)
+
+
+def _load_stored(directory, directory_fd, key, prefix, may_write):
+    """The kernel stored under ``key`` in a trusted file whose bytes match its name, else None.
+
+    A file that fails its hash or does not load is removed where the key's lock is held (``may_write``); another
+    user's file, a symlink or one others may write is skipped, never read past its checks.
+    """
     try:
-        stored = sorted(directory.glob(f"{key}-*.o"))
+        names = sorted(name for name in _listing(directory_fd) if name.startswith(f"{key}-") and name.endswith(".o"))
     except OSError:
         return None
-    for path in stored:
+    for name in names:
         try:
-            intact = path.name == _stored_name(key, path.read_bytes())
-            if intact:
-                return _load(path, prefix)
-        except Exception:  # unreadable, or an intact file this process cannot load: a miss, left in place
+            blob = _read_trusted(directory_fd, name)
+        except Untrusted as problem:
+            _warn_once(directory, f"{name} skipped ({problem})")
             continue
-        if writable:
+        except OSError:
+            continue
+        if name == _stored_name(key, blob):
             try:
-                path.unlink()
-            except OSError:
-                pass
+                loaded = _load(blob, prefix, directory / name)
+            except OSError:  # this process cannot load from memory: a miss, the file left for others
+                continue
+            except Exception:  # intact, and fails to load where the key says it should: it would fail every start
+                logger.debug("%s in %s does not load", name, directory, exc_info=True)
+            else:
+                logger.debug("loaded %s from the compile cache %s", name, directory)
+                return loaded
+        if may_write:
+            _remove(directory_fd, name)
     return None
 
 
-def _umask() -> int:
-    """This process's umask, read without changing it where the system says (another thread may be creating files)."""
-    try:
-        status = Path("/proc/self/status").read_text()
-        return int(next(line.split()[1] for line in status.splitlines() if line.startswith("Umask:")), 8)
-    except (OSError, StopIteration, ValueError, IndexError):
-        umask = os.umask(0o022)
-        os.umask(umask)
-        return umask
+def _temporary_name(name) -> str:
+    """A fresh name to write ``name``'s bytes under before renaming them in place."""
+    return f"{name}.{secrets.token_hex(8)}.tmp"
 
 
-def _save(directory, path, blob):
-    """Write ``blob`` to ``path`` atomically, readable as a plainly created file would be: a complete file or none."""
-    handle, temporary = tempfile.mkstemp(dir=directory, suffix=".tmp")
+def _create_private(directory_fd, name) -> int:
+    """A descriptor of a new file ``name`` in the cache directory, private to this user (0600)."""
+    file_fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, PRIVATE_FILE,
+                      dir_fd=directory_fd)
+    os.fchmod(file_fd, PRIVATE_FILE)  # the mode given to open is masked by the umask, which may take the owner's
+    return file_fd
+
+
+def _save(directory_fd, name, blob):
+    """Store ``blob`` as ``name`` atomically: a complete file or none."""
+    temporary = _temporary_name(name)
+    file_fd = _create_private(directory_fd, temporary)
     try:
-        with os.fdopen(handle, "wb") as file:
+        with open(file_fd, "wb", closefd=False) as file:
             file.write(blob)
-            file.flush()
-            os.fsync(file.fileno())
-        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes 0600: other users sharing the cache could not read it
-        os.replace(temporary, path)
+        os.fsync(file_fd)
+        os.replace(temporary, name, src_dir_fd=directory_fd, dst_dir_fd=directory_fd)
+    except BaseException:
+        _remove(directory_fd, temporary)
+        raise
     finally:
-        if os.path.exists(temporary):
-            os.remove(temporary)
+        os.close(file_fd)
+
+
+def _lock_within(lock_fd, seconds) -> bool:
+    """Take the exclusive lock on ``lock_fd`` within ``seconds``; whether it was taken (or locks are unsupported)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(LOCK_POLL_S)
+        except OSError:  # a file system without locks: atomic renames still keep files whole
+            return True
 
 
 @contextmanager
-def _key_lock(directory, key):
-    """Hold the per-key file lock where the directory allows one; yield whether it does."""
+def _key_lock(directory, directory_fd, key):
+    """Hold the per-key lock; yield whether this process may write and remove the key's files.
+
+    Not where the lock file cannot be opened, nor after waiting ``LOCK_WAIT_S`` on another holder.
+    """
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        lock = open(directory / f"{key}.lock", "w")
+        lock_fd = os.open(f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, PRIVATE_FILE,
+                          dir_fd=directory_fd)
     except OSError:
         yield False
         return
-    with lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        except OSError:  # a file system without locks: atomic renames still keep files whole
-            pass
-        yield True
+    try:
+        locked = _lock_within(lock_fd, LOCK_WAIT_S)
+        if not locked:
+            _warn_once(directory, f"{key}.lock held by another process for over {LOCK_WAIT_S:.0f} s; "
+                                  "compiling in memory")
+        yield locked
+    finally:
+        os.close(lock_fd)  # releases the lock
+
+
+def _compile_and_store(compile_fn, directory, directory_fd, key, prefix):
+    """``compile_fn()``'s kernel, stored under ``key``, loaded back from its object bytes where that works."""
+    _load_runtime()
+    compiled = compile_fn()
+    blob = compiled.dump_to_object(prefix)
+    name = _stored_name(key, blob)
+    try:
+        loaded = _load(blob, prefix, directory / name)
+    except Exception:  # an object that does not load here is not stored: it would fail every start
+        logger.debug("compiled %s does not load from its object; not stored", prefix, exc_info=True)
+        return compiled
+    try:
+        _save(directory_fd, name, blob)
+    except OSError as error:  # full or read-only: the kernel compiled here still runs
+        _warn_once(directory, f"cannot store kernels ({error.strerror}); they are compiled on every start")
+        return compiled
+    logger.debug("compiled %s into the compile cache %s", name, directory)
+    return loaded
 
 
 def cached_compile(compile_fn, *codegen_inputs):
     """``compile_fn()``'s kernel, from the disk cache when present, else compiled and saved.
 
-    A cache that cannot be written (read-only, full, shared) degrades to compiling in
-    memory; a damaged file is replaced.
+    A cache that is refused or cannot be written degrades to compiling in memory; a damaged file is replaced.
     """
     directory = cache_dir()
     if directory is None:
-        return compile_fn()
+        return _compile_in_memory(compile_fn, codegen_inputs)
     key = cache_key(*codegen_inputs)
     prefix = f"decode_projection_{key}"
-    with _key_lock(directory, key) as writable:
-        loaded = _load_stored(directory, key, prefix, writable)
-        if loaded is not None:
-            return loaded
-        _load_runtime()
-        compiled = compile_fn()
-        if not writable:
-            return compiled
-        blob = compiled.dump_to_object(prefix)
-        path = directory / _stored_name(key, blob)
-        try:
-            _save(directory, path, blob)
-            return _load(path, prefix)
-        except Exception:  # full, read-only or shared: the kernel compiled here still runs
-            return compiled
+    with _trusted_directory(directory) as directory_fd:
+        if directory_fd is None:
+            return _compile_in_memory(compile_fn, codegen_inputs)
+        with _key_lock(directory, directory_fd, key) as may_write:
+            loaded = _load_stored(directory, directory_fd, key, prefix, may_write)
+            if loaded is not None:
+                return loaded
+            if not may_write:
+                return _compile_in_memory(compile_fn, codegen_inputs)
+            return _compile_and_store(compile_fn, directory, directory_fd, key, prefix)
+
+
+def _compile_in_memory(compile_fn, codegen_inputs):
+    """``compile_fn()``'s kernel, kept out of the disk cache."""
+    logger.debug("compiling %s in memory", codegen_inputs)
+    return compile_fn()

@@ -98,8 +98,8 @@ def nvdisasm_path() -> str:
         files = importlib.metadata.distribution("nvidia-cuda-nvdisasm").files or ()
     except importlib.metadata.PackageNotFoundError as error:
         raise RuntimeError(
-            "SASS reports need the nvidia-cuda-nvdisasm package (pip install "
-            "nvidia-cuda-nvdisasm)"
+            "SASS reports need nvdisasm from the nvidia-cuda-nvdisasm package: "
+            "pip install 'decode-projection[reports]'"
         ) from error
     for file in files:
         if file.name == "nvdisasm" and file.parent.name == "bin":

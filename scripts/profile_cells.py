@@ -1,7 +1,7 @@
 """Where the last 8% of bandwidth goes: DRAM bytes and kernel time of a few cells under Nsight Compute.
 
 Back to back the projection streams mid and large weights at 90-93% of the
-read-only kernel's rate (docs/performance.md). Two explanations predict
+read-only kernel's rate (docs/l2-policies.md). Two explanations predict
 different counters: bytes read twice (the weight map's 256-byte L2 promotion
 fetches the neighbouring 128 bytes of a row, which EVICT_FIRST may drop before
 the next stage asks for it) show as DRAM read bytes above the weight's size;

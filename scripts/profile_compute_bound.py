@@ -6,7 +6,7 @@ trails cuBLAS at M=256. Candidates: a 64 x 256 tile re-reads every activation
 from L2 once per weight tile, multicast shares those reads but measured slower,
 wider weight tiles need a split-K reduction. These counters say which resource
 each tactic saturates, next to cuBLAS on the same inputs (on the H200: none;
-the tensor pipe is 64-70% busy against cuBLAS's 83-87%, docs/performance.md v12). Run under ncu, then summarize (or both through
+the tensor pipe is 64-70% busy against cuBLAS's 83-87%, docs/compute-bound-tiling.md). Run under ncu, then summarize (or both through
 scripts/gpu-check with PROFILE_COMPUTE=1):
 
     ncu --clock-control none --profile-from-start off --csv --page raw --print-units base \\

@@ -206,24 +206,6 @@ def test_compute_profile_labels_ours_and_names_cublas(tmp_path, capsys, monkeypa
     assert "torch.matmul: sm90_xmma_gemm_bf16" in lines[2] and " 43.90 " in lines[2] and " 0.60" in lines[2]
 
 
-def test_cold_output_profile_drops_the_glue_and_takes_medians(tmp_path, capsys, monkeypatch):
-    monkeypatch.syspath_prepend(str(SCRIPTS))  # it shares profile_cells' helpers
-    profile = load_script("profile_cold_output")
-    labels = tmp_path / "labels.txt"
-    labels.write_text("1536x128 M=64 ours cold\n" * 3)
-    columns = ",".join(f'"{m}"' for m in profile.METRICS)
-    glue, ours = '"{}","vectorized_elementwise_kernel","1","2","3"\n', '"{}","kernel_SplitKGemm","{},000","400,000","0"\n'
-    rows = [glue.format(2 * i) + ours.format(2 * i + 1, us) for i, us in enumerate((3, 9, 4))]
-    ncu = tmp_path / "ncu.csv"
-    ncu.write_text('"ID","Kernel Name",' + columns + '\n"","","","",""\n' + "".join(rows))
-    profile.summarize(ncu, labels)
-    lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 2 and "ours cold" in lines[1] and " 4.00 " in lines[1] and " 400.0 " in lines[1]
-    labels.write_text("1536x128 M=64 ours cold\n" * 2)
-    with pytest.raises(SystemExit, match="3 profiled kernels besides the glue, 2 labels"):
-        profile.summarize(ncu, labels)
-
-
 def test_time_tactics_parses_cells_and_flags():
     probe = load_script("time_tactics")
     n, k, batch, tactics = probe.parse_cell("6288x7168:64:128,64,1,9,1,4/96,64,1,11,B/56,8,1,6,4,e/64,8,1,6")
@@ -232,26 +214,6 @@ def test_time_tactics_parses_cells_and_flags():
     assert tactics[1].weight_as_b and (tactics[1].weight_rows, tactics[1].stages) == (96, 11)
     assert tactics[2] == SplitKTactic(56, 8, 1, 6, 4, dependents_at_start=True)
     assert tactics[3] == SplitKTactic(64, 8, 1, 6) and tactics[2].label == "(56,8,1,6,4,1,1,E)"
-
-
-def test_stall_sites_rank_each_launchs_instructions_by_samples(tmp_path, capsys, monkeypatch):
-    sites = load_script("stall_sites")
-    header = '"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","stall_long_sb","stall_wait"'
-    launch = [header, '"0x10","  HGMMA.64x64x16.F32.BF16 R24","10","64","0","9"',
-              '"0x20","  @!P0 BRA 0x10","30","64","30","0"']
-    text = "\n".join(["==PROF== Connected", '"Kernel Name","ours_a",', *launch, '"Kernel Name","ours_b",', *launch])
-    (tmp_path / "source.csv").write_text(text)
-    (tmp_path / "labels.txt").write_text("first\nsecond\n")
-    monkeypatch.setattr("sys.argv", ["stall_sites.py", str(tmp_path / "source.csv"), str(tmp_path / "labels.txt")])
-    sites.main()
-    out = capsys.readouterr().out
-    assert "first: 40 stall samples over 2 instructions" in out and "second:" in out
-    lines = [line for line in out.splitlines() if "%" in line]
-    assert "75.0%" in lines[0] and "BRA" in lines[0] and "long_sb 30" in lines[0]
-    assert "25.0%" in lines[1] and "wait 9" in lines[1]
-    (tmp_path / "labels.txt").write_text("only one\n")
-    with pytest.raises(SystemExit):
-        sites.main()
 
 
 def test_compile_candidates_covers_the_incumbents_and_checks_the_sass():
