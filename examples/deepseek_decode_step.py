@@ -30,12 +30,16 @@ cache expansion and the rotary embedding's small matmul).
     python examples/deepseek_decode_step.py --json step.json     # also keep the numbers
     python examples/deepseek_decode_step.py --tiny --device cpu  # CPU check of the model plumbing and the swap
 
-``--glue`` asks for the PDL-aware RMSNorm / SiLU-and-mul ops (``decode_projection.ops``)
-in the model's norms and MLP; until that module exists the variant says so and is skipped.
+``--glue`` adds a variant with this package's PDL-aware glue (``decode_projection.ops``) where
+the model's code lets it in by module: every RMSNorm by ``ops.rms_norm``, and each MLP as one
+projection of its stacked gate and up weights, ``ops.silu_and_mul`` and its ``down_proj``
+(``glue_modules``). The residual adds stay the model's: ``fused_add_rms_norm`` would need the
+decoder layer's forward rewritten.
 """
 
 import argparse
 import contextlib
+import functools
 import importlib
 import inspect
 import json
@@ -160,11 +164,57 @@ def glue_ops():
         return None
 
 
-def apply_glue(model, ops):
-    """Hook for the PDL-aware glue: the model's RMSNorms (input_layernorm, q_a_layernorm, kv_a_layernorm,
-    post_attention_layernorm, norm) and its MLP's ``act_fn(gate_proj(x)) * up_proj(x)`` are where
-    ``decode_projection.ops`` would go. Not wired yet: returns None so the variant is skipped, never faked."""
-    return None
+class GlueRMSNorm(nn.Module):
+    """The model's RMSNorm by ``decode_projection.ops.rms_norm`` (one rounding where transformers' rounds twice)."""
+
+    def __init__(self, ops, weight, eps):
+        super().__init__()
+        self.ops, self.weight, self.eps = ops, weight, eps
+
+    def forward(self, x):
+        return self.ops.rms_norm(x, self.weight, self.eps)
+
+
+class GlueMLP(nn.Module):
+    """``down(silu(gate(x)) * up(x))`` as one projection of the stacked gate and up weights, then
+    ``decode_projection.ops.silu_and_mul``, then the model's (swapped) ``down_proj``."""
+
+    def __init__(self, ops, gate_up, down_proj):
+        super().__init__()
+        self.ops, self.gate_up, self.down_proj = ops, gate_up, down_proj
+
+    def forward(self, x):
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up(x)))
+
+
+def glue_modules(model, ops, batches, factory=None):
+    """``({name: module}, notes)``: where this package's PDL-aware glue goes in the model without changing its
+    code, as modules to put in place of the model's own. Every RMSNorm (input_layernorm, q_a_layernorm,
+    kv_a_layernorm, post_attention_layernorm, norm) becomes ``ops.rms_norm``; an MLP of SiLU becomes one
+    projection of its stacked gate and up weights (``factory(weight)``, default a ProjectionLinear with PDL),
+    ``ops.silu_and_mul`` and its ``down_proj``. The residual adds stay the model's: ``fused_add_rms_norm`` would
+    need the decoder layer's forward rewritten."""
+    if factory is None:
+        from decode_projection.layer import ProjectionLinear
+
+        factory = functools.partial(ProjectionLinear, batches=batches)
+    modules, norms, mlps = {}, 0, 0
+    for name, module in model.named_modules():
+        kind = type(module).__name__
+        if kind.endswith("RMSNorm") and hasattr(module, "variance_epsilon"):
+            modules[name] = GlueRMSNorm(ops, module.weight, module.variance_epsilon)
+            norms += 1
+        elif kind.endswith("MLP") and all(hasattr(module, part) for part in ("gate_proj", "up_proj", "down_proj")):
+            if "silu" not in type(getattr(module, "act_fn", None)).__name__.lower():
+                continue
+            gate_up = factory(torch.cat([module.gate_proj.weight, module.up_proj.weight]))
+            if getattr(gate_up, "prepared", True) is None:
+                raise SystemExit(f"--glue: {name}'s stacked gate/up projection did not prepare: {gate_up.unsupported}")
+            modules[name] = GlueMLP(ops, gate_up, module.down_proj)
+            mlps += 1
+    notes = (f"{norms} RMSNorms by ops.rms_norm; {mlps} MLPs as one gate+up projection, ops.silu_and_mul and "
+             f"down_proj; residual adds left to the model (fused_add_rms_norm needs its layer's forward rewritten)")
+    return modules, notes
 
 
 @contextlib.contextmanager
@@ -217,6 +267,8 @@ def kernel_category(name):
     lowered = name.lower()
     if "splitkgemm" in lowered:
         return "decode_projection"
+    if "rmsnorm" in lowered or "siluandmul" in lowered:
+        return "glue"
     if any(word in lowered for word in ("fmha", "flash", "attention", "attn")):
         return "attention"
     if any(word in lowered for word in ("gemm", "gemv", "nvjet", "cutlass", "xmma", "cublas", "splitkreduce")):
@@ -344,17 +396,22 @@ def benchmark(transformers, args, sizes, batches, cache_lens, device="cuda"):
         ops = glue_ops()
         if ops is None:
             print("--glue: PDL-aware glue not yet available (no decode_projection.ops); variant skipped")
-        elif apply_glue(model, ops) is None:
-            print("--glue: decode_projection.ops exists but apply_glue() is not wired to it yet; variant skipped")
+        elif "ours, PDL" not in variants:
+            print("--glue: the glue variant builds on this package's layers with PDL: use --pdl on or both")
+        else:
+            glue, notes = glue_modules(model, ops, batches)
+            variants["ours, PDL + glue"] = glue  # in the model as it stands: its projections those with PDL
+            print(f"--glue: {notes}")
     ours = [name for name in variants if name != "nn.Linear"]
 
     def fallback_count():
-        return sum(sum(getattr(layer, "fallbacks", Counter()).values())
-                   for name in ours for layer in variants[name].values())
+        layers = {id(sub): sub for name in ours for module in variants[name].values() for sub in module.modules()}
+        counters = [getattr(layer, "fallbacks", None) for layer in layers.values()]
+        return sum(sum(counter.values()) for counter in counters if isinstance(counter, Counter))
 
     results = []
     print(f"\none decode step, CUDA-graph replay, median us of {args.replays} replays (variants alternating)")
-    print(f"{'cache':>5} {'batch':>5} {'nn.Linear':>10} " + " ".join(f"{name:>13} {'speedup':>7}" for name in ours)
+    print(f"{'cache':>5} {'batch':>5} {'nn.Linear':>10} " + " ".join(f"{name:>16} {'speedup':>7}" for name in ours)
           + f" {'fallbacks':>9}")
     for cache_len in cache_lens:
         for batch in batches:
@@ -377,7 +434,7 @@ def benchmark(transformers, args, sizes, batches, cache_lens, device="cuda"):
                     name: profile_graph(graph, cache.reset) for name, graph in graphs.items()}
             base = times["nn.Linear"]
             print(f"{cache_len:>5} {batch:>5} {base:10.1f} "
-                  + " ".join(f"{times[name]:13.1f} {base / times[name]:6.3f}x" for name in ours) + f" {fallbacks:>9}")
+                  + " ".join(f"{times[name]:16.1f} {base / times[name]:6.3f}x" for name in ours) + f" {fallbacks:>9}")
             results.append({"cache_len": cache_len, "batch": batch, "us": times,
                             "speedup": {name: base / times[name] for name in ours},
                             "fallbacks": fallbacks, "profile_us": {name: dict(p) for name, p in profiles.items()}})
@@ -400,9 +457,10 @@ def print_profiles(results, ours):
     """Per cell and variant: kernel us per step by category, and the projections' share of the step."""
     print("\nprofile of 5 graph replays per cell and variant, kernel us per step. projections: this package's "
           "kernels (SplitKGemm);\nfor nn.Linear, its GEMMs less those both steps share: the swapped step's other "
-          "GEMMs (kv_b_proj expanding the cache,\nthe rotary embedding's matmul, SDPA's if it takes its math path)")
-    print(f"{'cache':>5} {'batch':>5} {'variant':>13} {'step us':>9} {'projections':>11} {'share':>6} "
-          f"{'other GEMM':>10} {'attention':>9} {'other':>8} {'kernels':>8}")
+          "GEMMs (kv_b_proj expanding the cache,\nthe rotary embedding's matmul, SDPA's if it takes its math path). "
+          "glue: this package's RMSNorm and SiLU-and-mul kernels")
+    print(f"{'cache':>5} {'batch':>5} {'variant':>16} {'step us':>9} {'projections':>11} {'share':>6} "
+          f"{'other GEMM':>10} {'attention':>9} {'glue':>6} {'other':>8} {'kernels':>8}")
     for cell in results:
         profiles = cell["profile_us"]
         if not any(profiles.values()):
@@ -416,9 +474,9 @@ def print_profiles(results, ours):
             else:
                 projections, other_gemm = totals.get("decode_projection", 0.0), totals.get("other GEMM", 0.0)
             step = cell["us"][name]
-            print(f"{cell['cache_len']:>5} {cell['batch']:>5} {name:>13} {step:9.1f} {projections:11.1f} "
+            print(f"{cell['cache_len']:>5} {cell['batch']:>5} {name:>16} {step:9.1f} {projections:11.1f} "
                   f"{projections / step:6.1%} {other_gemm:10.1f} {totals.get('attention', 0.0):9.1f} "
-                  f"{totals.get('other', 0.0):8.1f} {sum(totals.values()):8.1f}")
+                  f"{totals.get('glue', 0.0):6.1f} {totals.get('other', 0.0):8.1f} {sum(totals.values()):8.1f}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """CPU tests of swap_linears: eligibility reasons, replacement in nested parents, the report, fallbacks found at
-run time and handed back to nn.Linear; on a tiny transformers DeepseekV3 where transformers is installed."""
+run time and handed back to nn.Linear; on a tiny transformers DeepseekV3 where transformers is installed, also the
+example's GPU branch with fake graphs and its glue variant."""
 
 import importlib.util
 from collections import Counter
@@ -18,6 +19,17 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 def anywhere(weight):
     """A device check that takes every device: the CPU stands in for a Hopper GPU."""
+
+
+class Stacked(nn.Module):
+    """A stand-in for the glue's stacked gate/up ProjectionLinear."""
+
+    def __init__(self, weight):
+        super().__init__()
+        self.weight, self.fallbacks = weight, Counter()
+
+    def forward(self, x):
+        return F.linear(x, self.weight)
 
 
 class Stub(nn.Module):
@@ -278,19 +290,60 @@ def test_benchmark_plumbing_with_fake_graphs(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(example, "profile_graph", lambda graph, reset: Counter(
         {"other GEMM": 5.0, "other": 3.0} if isinstance(graph.layer, nn.Linear) else
         {"decode_projection": 4.0, "other GEMM": 1.0, "other": 3.0}))
+    monkeypatch.setattr(example, "glue_modules", functools.partial(example.glue_modules, factory=Stacked))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "fake GPU")
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     out = tmp_path / "step.json"
     args = types.SimpleNamespace(replays=3, pdl="both", glue=True, no_profile=False, json=str(out))
     results = example.benchmark(transformers, args, dict(example.TINY), (1, 4), (32,), device="cpu")
-    # Each cell captured nn.Linear, then both variants of this package's layers, in the model.
-    assert [type(layer).__name__ for layer in captured] == ["Linear", "Stub", "Stub"] * 2
+    # Each cell captured nn.Linear, then the variants of this package's layers, in the model.
+    assert [type(layer).__name__ for layer in captured] == ["Linear", "Stub", "Stub", "Stub"] * 2
     assert [cell["fallbacks"] for cell in results] == [0, 0]
-    assert results[0]["speedup"] == {"ours, PDL": 100.0 / 90.0, "ours, no PDL": 100.0 / 80.0}
+    assert results[0]["speedup"] == {"ours, PDL": 100.0 / 90.0, "ours, no PDL": 100.0 / 80.0,
+                                     "ours, PDL + glue": 100.0 / 70.0}
     text = capsys.readouterr().out
     assert "left alone   model.layers.*.self_attn.kv_b_proj  x2: not a decode projection here" in text
-    assert "PDL-aware glue not yet available" in text
+    assert "--glue: 9 RMSNorms by ops.rms_norm; 2 MLPs as one gate+up projection" in text
     # nn.Linear's projections: its GEMMs less the other GEMMs of the swapped step.
-    assert "   32     1     nn.Linear     100.0         4.0   4.0%        1.0" in text
+    rows = [line.split() for line in text.splitlines() if line.split()[:3] == ["32", "1", "nn.Linear"]]
+    assert rows[-1][3:7] == ["100.0", "4.0", "4.0%", "1.0"]  # the profile's row: step, projections, share, GEMMs
     saved = json.loads(out.read_text())
     assert saved["left_alone"].keys() == {f"model.layers.{i}.self_attn.kv_b_proj" for i in range(2)}
+
+
+def test_glue_modules_on_the_tiny_model_keep_its_logits():
+    transformers = pytest.importorskip("transformers")
+    ops = pytest.importorskip("decode_projection.ops")
+    example = load_example()
+    if int(transformers.__version__.split(".")[0]) < 5:
+        pytest.skip(f"the example drives transformers >= 5, found {transformers.__version__}")
+    config = example.build_config(transformers, example.TINY, 32)
+    model = example.build_model(transformers, config, "cpu", torch.bfloat16)
+    ids = torch.randint(0, config.vocab_size, (4, 1))
+
+    def step():
+        cache = example.DecodeCache(transformers, config, 32, 4, "cpu", torch.bfloat16)
+        cache.fill(lambda: model(input_ids=ids, past_key_values=cache.cache, use_cache=True))
+        return model(input_ids=ids, past_key_values=cache.cache, use_cache=True).logits
+
+    glue, notes = example.glue_modules(model, ops, (1, 4), factory=Stacked)
+    layers = example.TINY["num_hidden_layers"]
+    assert len(glue) == 5 * layers + 1 and "model.norm" in glue and "model.layers.0.mlp" in glue
+    with torch.no_grad():
+        expected = step()
+        with example.layers_of(model, glue):
+            assert isinstance(model.model.layers[1].self_attn.kv_a_layernorm, example.GlueRMSNorm)
+            glued = step()
+    assert type(model.model.layers[0].mlp).__name__ == "DeepseekV3MLP"  # put back
+    # One rounding in the glue's norm where transformers' rounds twice: close, not bitwise.
+    torch.testing.assert_close(glued, expected, rtol=0.05, atol=0.05)
+
+
+def test_glue_variant_is_skipped_without_the_ops_module(monkeypatch):
+    example = load_example()
+
+    def missing(name):
+        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+    monkeypatch.setattr(example.importlib, "import_module", missing)
+    assert example.glue_ops() is None
