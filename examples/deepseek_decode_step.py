@@ -30,11 +30,11 @@ cache expansion and the rotary embedding's small matmul).
     python examples/deepseek_decode_step.py --json step.json     # also keep the numbers
     python examples/deepseek_decode_step.py --tiny --device cpu  # CPU check of the model plumbing and the swap
 
-``--glue`` adds a variant with this package's PDL-aware glue (``decode_projection.ops``) where
-the model's code lets it in by module: every RMSNorm by ``ops.rms_norm``, and each MLP as one
-projection of its stacked gate and up weights, ``ops.silu_and_mul`` and its ``down_proj``
-(``glue_modules``). The residual adds stay the model's: ``fused_add_rms_norm`` would need the
-decoder layer's forward rewritten.
+A further variant (``--no-glue`` skips it) adds this package's PDL-aware glue
+(``decode_projection.ops``) where the model's code lets it in by module: every RMSNorm by
+``ops.rms_norm``, and each MLP as one projection of its stacked gate and up weights,
+``ops.silu_and_mul`` and its ``down_proj`` (``glue_modules``). The residual adds stay the
+model's: ``fused_add_rms_norm`` would need the decoder layer's forward rewritten.
 """
 
 import argparse
@@ -209,7 +209,7 @@ def glue_modules(model, ops, batches, factory=None):
                 continue
             gate_up = factory(torch.cat([module.gate_proj.weight, module.up_proj.weight]))
             if getattr(gate_up, "prepared", True) is None:
-                raise SystemExit(f"--glue: {name}'s stacked gate/up projection did not prepare: {gate_up.unsupported}")
+                raise SystemExit(f"glue: {name}'s stacked gate/up projection did not prepare: {gate_up.unsupported}")
             modules[name] = GlueMLP(ops, gate_up, module.down_proj)
             mlps += 1
     notes = (f"{norms} RMSNorms by ops.rms_norm; {mlps} MLPs as one gate+up projection, ops.silu_and_mul and "
@@ -344,7 +344,8 @@ def main(argv=None):
     parser.add_argument("--pdl", choices=("on", "off", "both"), default="both",
                         help="this package's layers with programmatic dependent launch, without, or both variants")
     parser.add_argument("--no-profile", action="store_true", help="skip the profile of kernel time by category")
-    parser.add_argument("--glue", action="store_true", help="also the PDL-aware glue variant (decode_projection.ops)")
+    parser.add_argument("--no-glue", dest="glue", action="store_false",
+                        help="skip the variant with this package's PDL-aware glue (decode_projection.ops)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--tiny", action="store_true", help="a tiny model (sizes for a CPU check)")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
@@ -395,13 +396,13 @@ def benchmark(transformers, args, sizes, batches, cache_lens, device="cuda"):
     if args.glue:
         ops = glue_ops()
         if ops is None:
-            print("--glue: PDL-aware glue not yet available (no decode_projection.ops); variant skipped")
+            print("glue: PDL-aware glue not available here (no decode_projection.ops); variant skipped")
         elif "ours, PDL" not in variants:
-            print("--glue: the glue variant builds on this package's layers with PDL: use --pdl on or both")
+            print("glue: the glue variant builds on this package's layers with PDL (--pdl on or both); skipped")
         else:
             glue, notes = glue_modules(model, ops, batches)
             variants["ours, PDL + glue"] = glue  # in the model as it stands: its projections those with PDL
-            print(f"--glue: {notes}")
+            print(f"glue: {notes}")
     ours = [name for name in variants if name != "nn.Linear"]
 
     def fallback_count():

@@ -303,7 +303,7 @@ def test_benchmark_plumbing_with_fake_graphs(monkeypatch, tmp_path, capsys):
                                      "ours, PDL + glue": 100.0 / 70.0}
     text = capsys.readouterr().out
     assert "left alone   model.layers.*.self_attn.kv_b_proj  x2: not a decode projection here" in text
-    assert "--glue: 9 RMSNorms by ops.rms_norm; 2 MLPs as one gate+up projection" in text
+    assert "glue: 9 RMSNorms by ops.rms_norm; 2 MLPs as one gate+up projection" in text
     # nn.Linear's projections: its GEMMs less the other GEMMs of the swapped step.
     rows = [line.split() for line in text.splitlines() if line.split()[:3] == ["32", "1", "nn.Linear"]]
     assert rows[-1][3:7] == ["100.0", "4.0", "4.0%", "1.0"]  # the profile's row: step, projections, share, GEMMs
