@@ -4,6 +4,8 @@ ones reach the launch as the views the kernels were compiled for, and the custom
 
 import re
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -297,7 +299,7 @@ def test_compile_functions_refuse_what_they_cannot_build():
 def test_benchmark_script_pairs_each_op_with_a_projection_it_feeds():
     from .test_scripts_cpu import load_script
 
-    script = load_script("glue_ops")
+    script = load_script("glue_ops", Path(__file__).parents[1] / "benchmarks")
     assert script.follows("rms_norm", 7168) and script.follows("silu_and_mul", 4224)
     assert not script.follows("rms_norm", 1536)
     for op, (n, k) in script.FOLLOWING.items():

@@ -11,9 +11,9 @@ from decode_projection import SplitKTactic
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 
-def load_script(name):
-    """Import scripts/<name>.py as a module."""
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+def load_script(name, folder=None):
+    """Import <folder, default scripts/>/<name>.py as a module."""
+    spec = importlib.util.spec_from_file_location(name, (folder or SCRIPTS) / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
