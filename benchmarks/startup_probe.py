@@ -1,0 +1,330 @@
+"""Where a projection's start-up goes after another kernel: %globaltimer stamps and launch A/B variants.
+
+In a model every projection follows some other kernel (a norm, an activation). This probe measures,
+on a Hopper GPU, what the projection pays there and why:
+
+1. ``launch``: an empty kernel after a small plain glue kernel, timed (cold, CUDA-graph replay, the
+   glue's own time subtracted) and stamped (first and last CTA entry after the glue's last CTA ended),
+   for each launch property the projection has: dynamic shared memory, a cluster, programmatic
+   dependent launch, the block size.
+2. ``timeline``: the projection itself, a subclass of SplitKGemm writing ``%globaltimer`` at kernel entry,
+   first weight TMA issued, producer past ``griddepcontrol.wait``, consumer start, epilogue start and
+   exit, per CTA, after the plain glue, after a PDL glue and after itself.
+3. ``times``: the projection, the read ceiling and torch.matmul in the three launch contexts.
+
+    python benchmarks/startup_probe.py --json startup.json
+
+Every stamp is relative to the end of the previous kernel's last CTA (the glue's), in microseconds, as
+medians over replays of a CUDA graph of repeated pairs (the last pair of each replay is read).
+"""
+
+import argparse
+import json
+import statistics
+
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+from decode_projection.ceiling import stream_read
+from decode_projection.gpu import gpu_spec
+from decode_projection.policies import resolve_policies
+from decode_projection.projection import PreparedProjection, kernel_arguments, matrix_view
+from decode_projection.runtime import architecture, current_stream, to_cute
+from decode_projection.splitk import SplitKGemm
+from decode_projection.timing import cold_copies, foreign_kernel, interleaved_time_us
+
+EVENTS = ("glue_end", "entry", "first_weight_tma", "producer_waited", "consumer_start", "epilogue", "exit")
+SLOTS = 4096  # CTAs stamped per event
+GLUE_ELEMENTS = 4096  # what the benchmark's glue kernel touches (timing.foreign_kernel)
+SHAPES = ((7168, 768), (7168, 1536), (2112, 7168), (20480, 7168))
+BATCHES = (1, 64)
+
+
+def stamp_pointer(address, event):
+    """The stamp row of ``event`` in the buffer at the baked-in ``address``."""
+    row = cute.make_ptr(cutlass.Int64, cutlass.Int64(address + event * SLOTS * 8),
+                        cute.AddressSpace.gmem, assumed_align=8)
+    return cute.make_tensor(row, cute.make_layout(SLOTS))
+
+
+def write_stamp(address, event, slot):
+    """``stamps[event, slot] = %globaltimer`` (CTAs past the buffer share its last slot)."""
+    stamp_pointer(address, EVENTS.index(event))[cutlass.min(slot, SLOTS - 1)] = cute.arch.globaltimer()
+
+
+@cute.jit
+def stamp_if(condition, address: cutlass.Constexpr, event: cutlass.Constexpr):
+    """``write_stamp`` for this CTA where ``condition`` holds (``event``: an index of EVENTS)."""
+    if condition:
+        stamp_pointer(address, event)[cutlass.min(cta_slot(), SLOTS - 1)] = cute.arch.globaltimer()
+
+
+def cta_slot():
+    """This CTA's linear index in its grid."""
+    bx, by, _ = cute.arch.block_idx()
+    gx, _, _ = cute.arch.grid_dim()
+    return bx + by * gx
+
+
+class StampedGlue:
+    """``data += 1`` over fp32 ``data``, then its CTAs' end time into ``glue_end`` (maximum); ``pdl``: launched with
+    programmatic dependent launch, waiting on its predecessor and triggering its dependents at once, as PDL-aware
+    norms do."""
+
+    def __init__(self, address, pdl):
+        self.address, self.pdl = address, pdl
+
+    @cute.jit
+    def __call__(self, data: cute.Tensor, stream):
+        self.kernel(data).launch(grid=(cute.ceil_div(data.shape[0], 256), 1, 1), block=(256, 1, 1), stream=stream,
+                                 use_pdl=self.pdl)
+
+    @cute.kernel
+    def kernel(self, data: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()
+        i = bidx * 256 + tidx
+        if i < data.shape[0]:
+            data[i] = data[i] + cutlass.Float32(1.0)
+        if tidx == 0:
+            cute.arch.atomic_max(stamp_pointer(self.address, 0).iterator, cute.arch.globaltimer())
+
+
+class LaunchProbe:
+    """An empty kernel with the projection's launch properties: ``smem`` bytes of shared memory, clusters of
+    ``cluster`` CTAs, ``threads`` per CTA, programmatic dependent launch (``pdl``, waiting before it exits)."""
+
+    def __init__(self, address, smem, cluster, threads, pdl, carveout=None):
+        self.address, self.smem, self.cluster, self.threads, self.pdl = address, smem, cluster, threads, pdl
+        self.carveout = carveout
+
+    @cute.jit
+    def __call__(self, ctas: cutlass.Int32, stream):
+        @cute.struct
+        class Storage:
+            bytes: cute.struct.MemRange[cutlass.Uint8, max(self.smem, 16)]
+
+        self.storage = Storage
+        self.kernel().launch(grid=(ctas, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=self.pdl,
+                             cluster=(self.cluster, 1, 1) if self.cluster > 1 else None,
+                             preferred_smem_carveout=self.carveout)
+
+    @cute.kernel
+    def kernel(self):
+        tidx, _, _ = cute.arch.thread_idx()
+        storage = cutlass.utils.SmemAllocator().allocate(self.storage)
+        if tidx == 0:
+            write_stamp(self.address, "entry", cta_slot())
+            storage.bytes.data_ptr().store(cutlass.Uint8(1))
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()
+            if tidx == 0:
+                write_stamp(self.address, "producer_waited", cta_slot())
+            cute.arch.griddepcontrol_launch_dependents()
+        if tidx == 0:
+            write_stamp(self.address, "exit", cta_slot())
+
+
+class StampedGemm(SplitKGemm):
+    """SplitKGemm writing its timeline: entry (at the pipeline's set-up), the first weight TMA, the producer past
+    ``griddepcontrol.wait``, consumer start, epilogue start (past the consumers' wait) and exit."""
+
+    def __init__(self, tactic, programmatic_launch, address):
+        super().__init__(tactic, programmatic_launch)
+        self.address = address
+
+    def sharing_layout(self):
+        # Traced inside the kernel at the pipeline's creation, a few instructions after entry.
+        tidx, _, _ = cute.arch.thread_idx()
+        stamp_if(tidx == 0, self.address, EVENTS.index("entry"))
+        return super().sharing_layout()
+
+    @cute.jit
+    def load_weight(self, weight_tiles, state, descriptor, tiles, k_tile, fold_stride, weight_row, sharers_mask):
+        if state.count == 0 and cute.arch.lane_idx() == 0:
+            write_stamp(self.address, "first_weight_tma", cta_slot())
+        SplitKGemm.load_weight(self, weight_tiles, state, descriptor, tiles, k_tile, fold_stride, weight_row,
+                               sharers_mask)
+
+    def activation_origin(self, m_tile, batch):
+        # Called by the producer past its griddepcontrol.wait, and by the consumers at the epilogue.
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        lane = cute.arch.lane_idx()
+        stamp_if((warp == self.producer_warp) & (lane == 0), self.address, EVENTS.index("producer_waited"))
+        stamp_if((warp == 0) & (lane == 0), self.address, EVENTS.index("epilogue"))
+        return super().activation_origin(m_tile, batch)
+
+    @cute.jit
+    def consume(self, tiled_mma, tiles, storage, s_weight, s_act, out, warp, tidx, work):
+        if tidx == 0:
+            write_stamp(self.address, "consumer_start", cta_slot())
+        SplitKGemm.consume(self, tiled_mma, tiles, storage, s_weight, s_act, out, warp, tidx, work)
+        if tidx == 0:
+            write_stamp(self.address, "exit", cta_slot())
+
+
+def stamped_projection(address, weight, tactic, programmatic):
+    """``launch(x, out)`` of ``tactic`` compiled with stamps, for ``weight``."""
+    arch = architecture(weight.device)
+    kernel = StampedGemm(tactic, programmatic, address)
+    code = cute.compile(kernel, *kernel_arguments(weight.dtype, torch.bfloat16), options=f"--gpu-arch={arch}")
+    prepared = PreparedProjection(weight, {1: tactic}).prepare()  # for its weight view and map only
+    map_address = prepared.extra[1]
+
+    def launch(x, out):
+        code(prepared.weight_view, matrix_view(x), matrix_view(out, output=True), *map_address,
+             current_stream(weight.device))
+    launch.keep = prepared
+    return launch
+
+
+def replay_stamps(stamps, pair, repeats=20, pairs=8):
+    """Per event, the medians over ``repeats`` replays of (first CTA, median CTA, last CTA) stamp minus glue end, us;
+    ``pair()`` launches the previous kernel and the stamped one."""
+    graph = torch.cuda.CUDAGraph()
+    pair()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        for _ in range(pairs):
+            pair()
+    found = {event: [] for event in EVENTS[1:]}
+    for _ in range(repeats):
+        stamps.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        rows = stamps.cpu()
+        glue_end = int(rows[0, 0])
+        for e, event in enumerate(EVENTS[1:], start=1):
+            values = sorted(int(v) for v in rows[e] if v > 0)
+            if values and glue_end:
+                found[event].append(tuple((v - glue_end) / 1e3 for v in (values[0], values[len(values) // 2],
+                                                                          values[-1])))
+    return {event: tuple(statistics.median(s[i] for s in samples) for i in range(3))
+            for event, samples in found.items() if samples}
+
+
+def launch_probes(stamps, glue, ctas):
+    """Stamps and times of the empty kernel per launch property, after the plain glue."""
+    address, stream = stamps.data_ptr(), lambda: current_stream(stamps.device)
+    variants = {
+        "bare": dict(smem=0, cluster=1, threads=128, pdl=False),
+        "smem 200 KB": dict(smem=200 * 1024, cluster=1, threads=128, pdl=False),
+        "smem 100 KB": dict(smem=100 * 1024, cluster=1, threads=128, pdl=False),
+        "smem 200 KB carveout 100": dict(smem=200 * 1024, cluster=1, threads=128, pdl=False, carveout=100),
+        "cluster 2": dict(smem=0, cluster=2, threads=128, pdl=False),
+        "cluster 4": dict(smem=0, cluster=4, threads=128, pdl=False),
+        "pdl": dict(smem=0, cluster=1, threads=128, pdl=True),
+        "384 threads": dict(smem=0, cluster=1, threads=384, pdl=False),
+        "projection-like (200 KB, cluster 4, pdl, 160 threads)":
+            dict(smem=200 * 1024, cluster=4, threads=160, pdl=True),
+    }
+    results = {}
+    for name, options in variants.items():
+        code = cute.compile(LaunchProbe(address, **options), cutlass.Int32(1), make_fake_stream(),
+                            options="--gpu-arch=sm_90a")
+        launch = lambda i, code=code: code(cutlass.Int32(ctas), stream())  # noqa: E731
+        results[name] = {
+            "stamps": replay_stamps(stamps, lambda: (glue(), launch(0))),
+            "us_after_glue": interleaved_time_us({0: launch}, 2, separator=glue)[0],
+            "us_chain": interleaved_time_us({0: launch}, 2)[0],
+        }
+        print(f"launch {name:55s} after glue {results[name]['us_after_glue']:6.2f} us, chain "
+              f"{results[name]['us_chain']:6.2f} us; entry after glue end (first, median, last) "
+              f"{fmt(results[name]['stamps'].get('entry'))}", flush=True)
+    return results
+
+
+def fmt(triple):
+    return "-" if triple is None else " ".join(f"{v:6.2f}" for v in triple)
+
+
+def timelines(stamps, plain_glue, pdl_glue):
+    """The projection's stamped timeline per shape, batch, launch flag and previous kernel."""
+    device = stamps.device
+    results = {}
+    for n, k in SHAPES[:3]:
+        weight = torch.randn(n, k, device=device).to(torch.bfloat16)
+        policies, _ = resolve_policies(n, k, BATCHES, gpu=gpu_spec(device), weight_dtype=torch.bfloat16,
+                                       output_dtype=torch.bfloat16)
+        for batch in BATCHES:
+            tactic = policies[batch]
+            x = torch.randn(batch, k, device=device).to(torch.bfloat16)
+            out = torch.empty(batch, n, device=device, dtype=torch.bfloat16)
+            for programmatic in (True, False):
+                launch = stamped_projection(stamps.data_ptr(), weight, tactic, programmatic)
+                launch(x, out)
+                torch.cuda.synchronize()
+                reference = (x.double() @ weight.double().T)
+                error = ((out.double() - reference).norm() / reference.norm()).item()
+                assert error < 1e-2, f"stamped projection is off: {error}"
+                for before, glue in (("glue", plain_glue), ("pdl-glue", pdl_glue)):
+                    key = f"{n}x{k} M={batch} {tactic.label if hasattr(tactic, 'label') else tactic} " \
+                          f"{'pdl' if programmatic else 'plain'} after {before}"
+                    results[key] = replay_stamps(stamps, lambda: (glue(), launch(x, out)))
+                    print(key, flush=True)
+                    for event, triple in results[key].items():
+                        print(f"    {event:18s} {fmt(triple)}")
+    return results
+
+
+def context_times(plain_glue_torch):
+    """Projection (PDL and plain), read ceiling and torch.matmul per shape and batch, chain and after glue."""
+    device = torch.device("cuda")
+    results = {}
+    for n, k in SHAPES:
+        copies = cold_copies(n * k * 2, device)
+        weights = [torch.randn(n, k, device=device).to(torch.bfloat16) for _ in range(copies)]
+        for batch in BATCHES:
+            x = torch.randn(batch, k, device=device).to(torch.bfloat16)
+            outs = [torch.empty(batch, n, device=device, dtype=torch.bfloat16) for _ in range(copies)]
+            launches = {"ceiling": lambda i: stream_read(weights[i]),
+                        "torch.matmul": lambda i: torch.matmul(x, weights[i].T, out=outs[i])}
+            for programmatic in (True, False):
+                projections = [PreparedProjection.for_weight(w, batches=(batch,), programmatic_launch=programmatic)
+                               for w in weights]
+                launches[f"ours {'pdl' if programmatic else 'plain'}"] = \
+                    lambda i, p=projections: p[i].run(x, outs[i])
+            for context, separator in (("chain", None), ("glue", plain_glue_torch)):
+                times = interleaved_time_us(launches, copies, separator=separator)
+                results[f"{n}x{k} M={batch} {context}"] = times
+                print(f"{n}x{k} M={batch} {context:6s} " + "  ".join(f"{name} {us:7.2f}" for name, us in times.items()),
+                      flush=True)
+    return results
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="write every result here")
+    parser.add_argument("--parts", default="launch,timeline,times")
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    print(torch.cuda.get_device_name(device), flush=True)
+    stamps = torch.zeros(len(EVENTS), SLOTS, dtype=torch.int64, device=device)
+    scratch = torch.zeros(GLUE_ELEMENTS, device=device)
+    scratch_view = to_cute(scratch).mark_layout_dynamic()
+    fake = make_fake_tensor(cutlass.Float32, (cute.sym_int(),), (1,), assumed_align=16)
+    glues = {pdl: cute.compile(StampedGlue(stamps.data_ptr(), pdl), fake, make_fake_stream(),
+                               options="--gpu-arch=sm_90a") for pdl in (False, True)}
+    plain_glue = lambda: glues[False](scratch_view, current_stream(device))  # noqa: E731
+    pdl_glue = lambda: glues[True](scratch_view, current_stream(device))  # noqa: E731
+    ctas = torch.cuda.get_device_properties(device).multi_processor_count
+    results = {"gpu": torch.cuda.get_device_name(device)}
+    parts = args.parts.split(",")
+    if "launch" in parts:
+        results["launch"] = launch_probes(stamps, plain_glue, ctas)
+    if "timeline" in parts:
+        results["timeline"] = timelines(stamps, plain_glue, pdl_glue)
+    if "times" in parts:
+        results["times"] = context_times(foreign_kernel(device))
+    if args.json:
+        with open(args.json, "w") as file:
+            json.dump(results, file, indent=1)
+
+
+if __name__ == "__main__":
+    main()
