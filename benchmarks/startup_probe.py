@@ -35,7 +35,8 @@ from decode_projection.runtime import architecture, current_stream, to_cute
 from decode_projection.splitk import SplitKGemm
 from decode_projection.timing import cold_copies, foreign_kernel, interleaved_time_us
 
-EVENTS = ("glue_end", "entry", "first_weight_tma", "producer_waited", "consumer_start", "epilogue", "exit")
+EVENTS = ("glue_end", "entry", "first_weight_tma", "producer_waited", "consumer_start", "epilogue", "exit",
+          "glue_start")
 SLOTS = 4096  # CTAs stamped per event
 GLUE_ELEMENTS = 4096  # what the benchmark's glue kernel touches (timing.foreign_kernel)
 SHAPES = ((7168, 768), (7168, 1536), (2112, 7168), (20480, 7168))
@@ -85,6 +86,7 @@ class StampedGlue:
     def kernel(self, data: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
+        stamp_if((bidx == 0) & (tidx == 0), self.address, EVENTS.index("glue_start"))
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()
             cute.arch.griddepcontrol_launch_dependents()
@@ -192,14 +194,14 @@ def replay_stamps(stamps, pair, repeats=20, pairs=8):
     with torch.cuda.graph(graph):
         for _ in range(pairs):
             pair()
-    found = {event: [] for event in EVENTS[1:]}
+    found = {event: [] for event in EVENTS[1:-1]}
     for _ in range(repeats):
         stamps.zero_()
         graph.replay()
         torch.cuda.synchronize()
         rows = stamps.cpu()
         glue_end = int(rows[0, 0])
-        for e, event in enumerate(EVENTS[1:], start=1):
+        for e, event in enumerate(EVENTS[1:-1], start=1):
             values = sorted(int(v) for v in rows[e] if v > 0)
             if values and glue_end:
                 found[event].append(tuple((v - glue_end) / 1e3 for v in (values[0], values[len(values) // 2],
@@ -230,7 +232,7 @@ def launch_probes(stamps, glue, ctas):
         launch = lambda i, code=code: code(cutlass.Int32(ctas), stream())  # noqa: E731
         results[name] = {
             "stamps": replay_stamps(stamps, lambda: (glue(), launch(0))),
-            "us_after_glue": interleaved_time_us({0: launch}, 2, separator=glue)[0],
+            "us_after_glue": interleaved_time_us({0: launch}, 2, separators={0: glue})[0],
             "us_chain": interleaved_time_us({0: launch}, 2)[0],
         }
         print(f"launch {name:55s} after glue {results[name]['us_after_glue']:6.2f} us, chain "
@@ -272,6 +274,41 @@ def timelines(stamps, plain_glue, pdl_glue):
     return results
 
 
+def glue_durations(stamps, plain_glue):
+    """The glue kernel's own start-to-end time after itself, after a projection and after the read ceiling (cold
+    weights): the benchmark subtracts the glue's time measured after itself."""
+    device = stamps.device
+    n, k = 7168, 768
+    copies = cold_copies(n * k * 2, device)
+    weights = [torch.randn(n, k, device=device).to(torch.bfloat16) for _ in range(copies)]
+    projections = [PreparedProjection.for_weight(w, batches=(1,)) for w in weights]
+    x = torch.randn(1, k, device=device).to(torch.bfloat16)
+    outs = [torch.empty(1, n, device=device, dtype=torch.bfloat16) for _ in range(copies)]
+    previous = {"glue": lambda i: plain_glue(), f"projection {n}x{k} M=1": lambda i: projections[i].run(x, outs[i]),
+                f"read ceiling {n}x{k}": lambda i: stream_read(weights[i])}
+    results = {}
+    for name, launch in previous.items():
+        for i in range(copies):
+            launch(i)
+            plain_glue()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(2 * copies):
+                launch(i % copies)
+                plain_glue()
+        durations = []
+        for _ in range(20):
+            stamps.zero_()
+            graph.replay()
+            torch.cuda.synchronize()
+            rows = stamps.cpu()
+            durations.append((int(rows[0, 0]) - int(rows[EVENTS.index("glue_start"), 0])) / 1e3)
+        results[name] = statistics.median(durations)
+        print(f"glue kernel start to end after {name:32s} {results[name]:6.2f} us", flush=True)
+    return results
+
+
 def context_times(plain_glue_torch):
     """Projection (PDL and plain), read ceiling and torch.matmul per shape and batch, chain and after glue."""
     device = torch.device("cuda")
@@ -290,7 +327,8 @@ def context_times(plain_glue_torch):
                 launches[f"ours {'pdl' if programmatic else 'plain'}"] = \
                     lambda i, p=projections: p[i].run(x, outs[i])
             for context, separator in (("chain", None), ("glue", plain_glue_torch)):
-                times = interleaved_time_us(launches, copies, separator=separator)
+                separators = None if separator is None else dict.fromkeys(launches, separator)
+                times = interleaved_time_us(launches, copies, separators=separators)
                 results[f"{n}x{k} M={batch} {context}"] = times
                 print(f"{n}x{k} M={batch} {context:6s} " + "  ".join(f"{name} {us:7.2f}" for name, us in times.items()),
                       flush=True)
@@ -300,7 +338,7 @@ def context_times(plain_glue_torch):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write every result here")
-    parser.add_argument("--parts", default="launch,timeline,times")
+    parser.add_argument("--parts", default="launch,glue,timeline,times")
     args = parser.parse_args()
     device = torch.device("cuda")
     print(torch.cuda.get_device_name(device), flush=True)
@@ -317,6 +355,8 @@ def main():
     parts = args.parts.split(",")
     if "launch" in parts:
         results["launch"] = launch_probes(stamps, plain_glue, ctas)
+    if "glue" in parts:
+        results["glue"] = glue_durations(stamps, plain_glue)
     if "timeline" in parts:
         results["timeline"] = timelines(stamps, plain_glue, pdl_glue)
     if "times" in parts:

@@ -65,7 +65,7 @@ def test_dropping_a_projection_with_launches_queued_on_a_side_stream(monkeypatch
     torch.cuda.synchronize()
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
-        torch.cuda._sleep(200_000_000)  # some 100 ms of spinning: the launches below wait behind it
+        torch.cuda._sleep(2_000_000_000)  # about a second of spinning: the launches below wait behind it
         for out in outs:
             dropped.run(x, out)
     del dropped
