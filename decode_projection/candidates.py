@@ -97,10 +97,10 @@ def pool_tactics(k: int, batch: int, gpu: GpuSpec = H200, *, order=None) -> set[
         for rows in [r for r in WEIGHT_ROWS if r in HEURISTIC_WEIGHT_ROWS or acts >= COMPUTE_BOUND_ROWS]:
             for s in splits:
                 for resident in range(1, MOST_CTAS_PER_SM + 1):
-                    probe = SplitKTactic(rows, acts, s, 1, k_boxes)
+                    probe = SplitKTactic(rows, acts, s, 1, k_boxes=k_boxes)
                     budget = gpu.smem_per_sm // resident - RESERVED_SMEM_PER_CTA - BARRIER_BYTES
                     stages = min(max_stages(rows, acts, s, k_boxes), budget // probe.stage_bytes)
-                    tactic = SplitKTactic(rows, acts, s, stages, k_boxes)
+                    tactic = SplitKTactic(rows, acts, s, stages, k_boxes=k_boxes)
                     if stages >= MIN_STAGES and tactic.valid:
                         pool.add(tactic)
     return pool
@@ -184,7 +184,7 @@ def folded_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, order=None) 
     for boxes in reversed(K_BOXES):
         for fold in sorted(FOLDS[1:], reverse=True):
             stages = max_stages(rows, acts, 1, boxes, fold=fold)
-            tactic = SplitKTactic(rows, acts, 1, stages, boxes, fold=fold)
+            tactic = SplitKTactic(rows, acts, 1, stages, k_boxes=boxes, fold=fold)
             # Two stages of 4 boxes ran 3x slower on the H200 (42 against 15 us at M=64): one stage in flight.
             if tactic.valid and tactic.stages >= MIN_STAGES and math.ceil(math.ceil(k / tactic.tile_k) / fold) >= 2:
                 found.append(tactic)
@@ -215,7 +215,7 @@ def shared_weight_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> li
             if SplitKTactic(rows, acts, split, 2, weight_as_b=True).reallocates_registers:
                 whole = math.lcm(load_rows, 16)  # wgmma N, halved where registers are reallocated, is 8k
                 rows = whole * math.ceil(rows / whole)
-            tactic = SplitKTactic(rows, acts, split, max_stages(rows, acts, split, weight_as_b=True), 1, sharers,
+            tactic = SplitKTactic(rows, acts, split, max_stages(rows, acts, split, weight_as_b=True), multicast=sharers,
                                   weight_as_b=True)
             if rows <= rows_cap and tactic.stages >= MIN_STAGES and tactic.valid:
                 found.append(tactic)

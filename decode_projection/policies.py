@@ -81,13 +81,13 @@ def default_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, batch_inv
     # Wide stages took these picks from 1.09x the best timed tactic to 1.06x (v39: 32 of 32 changed cells
     # faster); under batch invariance they would sum in an order that depends on the batch.
     boxes = 1 if batch_invariant else streaming_boxes(rows, acts, split, k)
-    return as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split, boxes), boxes))
+    return as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split, boxes), k_boxes=boxes))
 
 
 def streaming_boxes(rows: int, acts: int, split: int, k: int) -> int:
     """TMA boxes of K per stage: the most that fit STREAMING_STAGE_BYTES and leave each rank MIN_STAGES loads."""
     return next(boxes for boxes in sorted(K_BOXES, reverse=True)
-                if boxes == 1 or (SplitKTactic(rows, acts, split, 1, boxes).stage_bytes <= STREAMING_STAGE_BYTES
+                if boxes == 1 or (SplitKTactic(rows, acts, split, 1, k_boxes=boxes).stage_bytes <= STREAMING_STAGE_BYTES
                                   and boxes * BOX_K * MIN_STAGES <= k / split))
 
 
@@ -104,7 +104,7 @@ def filling_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTac
         return None
     acts = activation_rows_for(batch)
     boxes = streaming_boxes(rows, acts, 1, k)
-    tactic = SplitKTactic(rows, acts, 1, max_stages(rows, acts, 1, boxes), boxes)
+    tactic = SplitKTactic(rows, acts, 1, max_stages(rows, acts, 1, boxes), k_boxes=boxes)
     return as_tactic(tactic) if tactic.valid else None
 
 
@@ -122,7 +122,7 @@ def shared_weight_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> Spl
     if not MIN_SHARED_WEIGHT_ROWS <= rows <= WEIGHT_ROWS_AS_B[-1]:
         return None
     acts = ACTIVATION_ROWS[-1] // pairs
-    tactic = SplitKTactic(rows, acts, 1, max_stages(rows, acts, 1, weight_as_b=True), 1, pairs, weight_as_b=True)
+    tactic = SplitKTactic(rows, acts, 1, max_stages(rows, acts, 1, weight_as_b=True), multicast=pairs, weight_as_b=True)
     return as_tactic(tactic) if tactic.valid and waves(tactic, n, batch, gpu) == 1 else None
 
 
@@ -173,7 +173,7 @@ def pinned_tactic(n: int, k: int, batch: int, order, gpu: GpuSpec = H200) -> Spl
     rows_first = [usual] + [rows for rows in WEIGHT_ROWS if rows != usual]
     tiles = [tile for tile in sorted(ACTIVATION_ROWS, reverse=True) if tile <= activation_rows_for(batch)]
     options = [
-        SplitKTactic(rows, tile, split, max_stages(rows, tile, split, k_boxes), k_boxes)
+        SplitKTactic(rows, tile, split, max_stages(rows, tile, split, k_boxes), k_boxes=k_boxes)
         for tile in tiles for rows in rows_first
     ]
     valid = [t for t in options if t.valid]

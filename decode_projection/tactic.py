@@ -10,7 +10,9 @@ it, so a tactic accepted anywhere can be built and launched.
 """
 
 import math
-from dataclasses import dataclass, fields
+import re
+from collections.abc import Mapping
+from dataclasses import KW_ONLY, dataclass, fields
 
 BOX_K = 64  # K of one TMA box: 64 16-bit elements = one 128-byte swizzle row
 K_BOXES = (1, 2, 4)  # boxes per stage along K: 128, 256 or 512 contiguous bytes of each weight row
@@ -63,6 +65,10 @@ PRODUCER_REGISTERS = 32
 # as B compiled clean for sm_90a, 176 spilled ~270 local-memory instructions.
 MOST_PARTIALS_OF_FOUR_GROUPS = 80
 BARRIER_BYTES = 1024  # mbarriers, rounded up to the 1024-byte tile alignment
+POSITIONAL_FIELDS = 4  # the tile, the split and the stages; the fields after them are given by name
+# A label: the numbers, then B (the weight as wgmma's B), E (dependents let in at the start), F and the fold.
+_LABEL = re.compile(r"(?P<open>\()?(?P<numbers>\d+(?:,\d+){3,6})"
+                    r"(?P<weight_as_b>,B)?(?P<early>,E)?(?:,F(?P<fold>\d+))?(?(open)\))")
 
 
 @dataclass(frozen=True)
@@ -77,12 +83,50 @@ class SplitKTactic:
     activation_rows: int
     split: int
     stages: int
+    _: KW_ONLY
     k_boxes: int = 1
     multicast: int = 1
     column_groups: int = 1
     weight_as_b: bool = False
     dependents_at_start: bool = False
     fold: int = 1
+
+    def to_dict(self) -> dict:
+        """Every field by name: how tables and saved runs store a tactic."""
+        return {field.name: getattr(self, field.name) for field in fields(self)}
+
+    @classmethod
+    def from_dict(cls, named: Mapping) -> "SplitKTactic":
+        """The tactic ``to_dict`` gave (fields left out take their defaults), not yet checked (``as_tactic``)."""
+        if not isinstance(named, Mapping):
+            raise TypeError(f"a tactic by field name is a mapping, not {type(named).__name__}")
+        unknown = sorted(set(named) - {field.name for field in fields(cls)})
+        missing = [field.name for field in fields(cls)[:POSITIONAL_FIELDS] if field.name not in named]
+        if unknown or missing:
+            raise ValueError(f"tactic {dict(named)} has unknown fields {unknown} or lacks {missing}")
+        return cls(**named)
+
+    @classmethod
+    def from_positions(cls, values) -> "SplitKTactic":
+        """A tactic from its fields in declaration order, the trailing ones optional: the tuples of explicit
+        policies, and the lists tables and saved runs held before they stored fields by name. Not yet checked."""
+        names = [field.name for field in fields(cls)]
+        if not POSITIONAL_FIELDS <= len(values) <= len(names):
+            raise ValueError(f"a tactic has {POSITIONAL_FIELDS} to {len(names)} fields in order, got {tuple(values)}")
+        return cls(**dict(zip(names, values)))
+
+    @classmethod
+    def from_label(cls, label: str) -> "SplitKTactic":
+        """The tactic ``label`` names, parentheses optional; numbers after the stages may be left out where
+        they are 1."""
+        match = _LABEL.fullmatch(label.strip())
+        if match is None:
+            raise ValueError(f"{label!r} is not a tactic label such as (64,8,1,8,1,1,1,B,E,F2)")
+        numbers = [int(number) for number in match["numbers"].split(",")]
+        names = [field.name for field in fields(cls)][:len(numbers)]
+        fold = int(match["fold"]) if match["fold"] else 1
+        return cls(**dict(zip(names, numbers)), weight_as_b=bool(match["weight_as_b"]),
+                   dependents_at_start=bool(match["early"]), fold=fold)
 
     @property
     def label(self) -> str:
@@ -339,10 +383,23 @@ def resident_ctas(smem_bytes: int, smem_per_sm: int = SMEM_PER_SM) -> int:
     return max(1, smem_per_sm // (smem_bytes + RESERVED_SMEM_PER_CTA))
 
 
+def stored_tactic(value) -> SplitKTactic:
+    """A SplitKTactic from a tactic, its fields by name (``to_dict``) or in order (``from_positions``), unchecked:
+    what a table or a saved run holds, which may name tactics the kernel no longer takes."""
+    if isinstance(value, SplitKTactic):
+        return value
+    if isinstance(value, Mapping):
+        return SplitKTactic.from_dict(value)
+    if isinstance(value, (list, tuple)):
+        return SplitKTactic.from_positions(value)
+    raise TypeError(f"a tactic is a SplitKTactic, a dict of its fields or a tuple of them, not {value!r}")
+
+
 def as_tactic(tactic) -> SplitKTactic:
-    """A SplitKTactic from a tactic or a (weight rows, activation rows, split, stages[, k boxes[, multicast[,
-    column groups[, weight as b[, dependents at start[, fold]]]]]]) tuple."""
-    tactic = tactic if isinstance(tactic, SplitKTactic) else SplitKTactic(*tactic)
+    """A SplitKTactic the kernel takes, from a tactic, a dict of its fields or a tuple of them in order
+    (weight rows, activation rows, split, stages[, k boxes[, multicast[, column groups[, weight as b[,
+    dependents at start[, fold]]]]]]); a ValueError says why not."""
+    tactic = stored_tactic(tactic)
     problems = tactic.problems()
     if problems:
         raise ValueError(f"invalid split-K tactic {tactic}: {'; '.join(problems)}")
@@ -352,5 +409,5 @@ def as_tactic(tactic) -> SplitKTactic:
 def max_stages(weight_rows: int, activation_rows: int, split: int, k_boxes: int = 1, *, weight_as_b=False,
                fold=1) -> int:
     """The deepest pipeline that fits in shared memory (``weight_as_b``: the weight tile is not padded)."""
-    probe = SplitKTactic(weight_rows, activation_rows, split, 1, k_boxes, weight_as_b=weight_as_b, fold=fold)
+    probe = SplitKTactic(weight_rows, activation_rows, split, 1, k_boxes=k_boxes, weight_as_b=weight_as_b, fold=fold)
     return (SMEM_CAPACITY - BARRIER_BYTES) // probe.stage_bytes

@@ -10,29 +10,23 @@ and after glue), so that a probe after the re-tune times the cells that moved mo
 
 import argparse
 import json
-from dataclasses import astuple
 from pathlib import Path
 
 from decode_projection.tables import key_of, read_entries
-from decode_projection.tactic import as_tactic
-
-
-def normal(tactic) -> tuple:
-    """A tactic's fields in full (older tables leave out the trailing fold)."""
-    return astuple(as_tactic(tuple(tactic)))
+from decode_projection.tactic import stored_tactic
 
 
 def changed(pairs, timings) -> list[tuple[float, tuple, list]]:
     """``[(gain us, (n, k, batch), [old, new])]`` for every cell of each (old, new) table pair whose tactic differs,
     largest gain first: the old tactic's mean minus the new one's in the re-tune's timings (0 where either is
     missing there)."""
-    measured = {(row["n"], row["k"], row["batch"]): {normal(t): (b2b + glue) / 2 for t, b2b, glue in row["timed"]}
-                for row in timings}
+    measured = {(row["n"], row["k"], row["batch"]):
+                {stored_tactic(t): (b2b + glue) / 2 for t, b2b, glue in row["timed"]} for row in timings}
     found = []
     for old_entries, new_entries in pairs:
-        old = {(key_of(e), e["batch"]): normal(e["tactic"]) for e in old_entries}
+        old = {(key_of(e), e["batch"]): stored_tactic(e["tactic"]) for e in old_entries}
         for entry in new_entries:
-            before, after = old.get((key_of(entry), entry["batch"])), normal(entry["tactic"])
+            before, after = old.get((key_of(entry), entry["batch"])), stored_tactic(entry["tactic"])
             if before is None or before == after:
                 continue
             cell = (entry["n"], entry["k"], entry["batch"])
@@ -45,7 +39,7 @@ def changed(pairs, timings) -> list[tuple[float, tuple, list]]:
 def probe_cell(cell, tactics) -> str:
     """``NxK:M:t1/t2`` in time_tactics.py's syntax (a tactic's label without its parentheses)."""
     n, k, batch = cell
-    return f"{n}x{k}:{batch}:" + "/".join(as_tactic(t).label.strip("()") for t in tactics)
+    return f"{n}x{k}:{batch}:" + "/".join(t.label.strip("()") for t in tactics)
 
 
 def main():

@@ -14,7 +14,7 @@ import math
 from decode_projection.gpu import H200
 from decode_projection.policies import default_tactic
 from decode_projection.report import read_document
-from decode_projection.tactic import SplitKTactic
+from decode_projection.tactic import stored_tactic
 
 LAST_STREAMING_BATCH = 64
 
@@ -24,9 +24,9 @@ def regrets(cells):
     found = []
     for cell in cells:
         n, k, batch = cell["n"], cell["k"], cell["batch"]
-        # Each entry is (tactic fields, back-to-back us, after-glue us); tactics of older kernels may no longer
+        # Each entry is (tactic, back-to-back us, after-glue us); tactics of older kernels may no longer
         # be valid, and only the heuristic's own pick is looked up.
-        means = {SplitKTactic(*fields): (alone + after) / 2 for fields, alone, after in cell["timed"]}
+        means = {stored_tactic(fields): (alone + after) / 2 for fields, alone, after in cell["timed"]}
         pick = default_tactic(n, k, batch, H200)
         found.append((n, k, batch, means[pick] / min(means.values()) if pick in means else None, pick))
     return found

@@ -18,19 +18,19 @@ import json
 from collections import defaultdict
 
 from decode_projection.report import read_document
-from decode_projection.tactic import SplitKTactic
+from decode_projection.tactic import stored_tactic
 from decode_projection.tables import load_table, write_table
 
 
 def bench_scores(back_to_back, isolated, policy, table):
     """{(n, k, batch): mean microseconds of the two contexts} for the cells where ``policy``
     ran ``table``'s own tactic (not a heuristic fallback, not another table's)."""
-    tactics = {(e["n"], e["k"], e["batch"]): SplitKTactic(*e["tactic"]) for e in table["entries"]}
+    tactics = {(e["n"], e["k"], e["batch"]): stored_tactic(e["tactic"]) for e in table["entries"]}
     times = defaultdict(list)
     for path in (back_to_back, isolated):
         for cell in read_document(path)["cells"]:
             key = cell["n"], cell["k"], cell["batch"]
-            ran = SplitKTactic(*cell["tactic"])
+            ran = stored_tactic(cell["tactic"])
             if cell["policy"] == policy and cell["source"] == "table" and tactics.get(key) == ran:
                 times[key].append(cell["us"])
     return {key: sum(us) / len(us) for key, us in times.items()}

@@ -18,26 +18,40 @@ from decode_projection.policies import (
 from decode_projection.tactic import SplitKTactic
 from decode_projection.workload import DECODE_BATCHES, KIMI_K3_SHAPES
 
-# The heuristic's H200 choices at batches 1, 16, 64 and 256, as (weight rows, activation rows, split, stages[,
-# K boxes per stage, weight or activation tiles sharing a load, consumer warpgroups, the weight as B]): one tile
-# per SM where N / SMs rounds to 32-192 rows, stages of up to 40 KB; at 256 two 128-row activation tiles sharing
-# each weight tile where N / 66 rounds to 48-256 rows, else the fullest grid that fits in one wave.
+# The heuristic's H200 choices at batches 1, 16, 64 and 256: one tile per SM where N / SMs rounds to 32-192 rows,
+# stages of up to 40 KB; at 256 two 128-row activation tiles sharing each weight tile where N / 66 rounds to 48-256
+# rows, else the fullest grid that fits in one wave.
 PINNED = [
-    ((2112, 7168), (128, 8, 4, 6, 2), (128, 16, 4, 6, 2), (128, 64, 4, 9), (64, 128, 2, 9)),
-    ((2304, 1536), (128, 8, 4, 6, 2), (128, 16, 4, 6, 2), (128, 64, 4, 9), (48, 128, 1, 10, 1, 2, 1, True)),
-    ((7168, 1536), (56, 8, 1, 6, 4), (56, 16, 1, 5, 4), (56, 64, 1, 7, 2), (112, 128, 1, 7, 1, 2, 1, True)),
-    ((1536, 7168), (128, 8, 8, 6, 2), (128, 16, 8, 6, 2), (128, 64, 8, 9), (64, 256, 4, 5)),
-    ((3072, 7168), (128, 8, 4, 6, 2), (128, 16, 4, 6, 2), (128, 64, 4, 9), (48, 128, 1, 10, 1, 2, 1, True)),
-    ((7168, 768), (56, 8, 1, 6, 4), (56, 16, 1, 5, 4), (56, 64, 1, 7, 2), (112, 128, 1, 7, 1, 2, 1, True)),
-    ((6288, 7168), (48, 8, 1, 6, 4), (48, 16, 1, 5, 4), (48, 64, 1, 7, 2), (96, 128, 1, 8, 1, 2, 1, True)),
-    ((3584, 7168), (32, 8, 1, 6, 4), (32, 16, 1, 5, 4), (32, 64, 1, 7, 2), (64, 128, 1, 9, 1, 2, 1, True)),
-    ((7168, 3584), (56, 8, 1, 6, 4), (56, 16, 1, 5, 4), (56, 64, 1, 7, 2), (112, 128, 1, 7, 1, 2, 1, True)),
-    ((8448, 7168), (64, 8, 1, 6, 4), (64, 16, 1, 5, 4), (64, 64, 1, 7, 2), (128, 128, 1, 7, 1, 2, 1, True)),
-    ((7168, 4224), (56, 8, 1, 6, 4), (56, 16, 1, 5, 4), (56, 64, 1, 7, 2), (112, 128, 1, 7, 1, 2, 1, True)),
-    ((20480, 7168), (160, 8, 1, 9), (160, 16, 1, 8), (160, 64, 1, 7), (128, 256, 1, 4, 1, 4)),
-    ((7168, 14336), (56, 8, 1, 6, 4), (56, 16, 1, 5, 4), (56, 64, 1, 7, 2), (112, 128, 1, 7, 1, 2, 1, True)),
-    ((1536, 128), (64, 8, 1, 25), (64, 16, 1, 22), (64, 64, 1, 14), (64, 64, 1, 14, 1, 4)),
-    ((3072, 128), (64, 8, 1, 25), (64, 16, 1, 22), (64, 64, 1, 14), (48, 128, 1, 10, 1, 2, 1, True)),
+    ((2112, 7168), SplitKTactic(128, 8, 4, 6, k_boxes=2), SplitKTactic(128, 16, 4, 6, k_boxes=2),
+     SplitKTactic(128, 64, 4, 9), SplitKTactic(64, 128, 2, 9)),
+    ((2304, 1536), SplitKTactic(128, 8, 4, 6, k_boxes=2), SplitKTactic(128, 16, 4, 6, k_boxes=2),
+     SplitKTactic(128, 64, 4, 9), SplitKTactic(48, 128, 1, 10, multicast=2, weight_as_b=True)),
+    ((7168, 1536), SplitKTactic(56, 8, 1, 6, k_boxes=4), SplitKTactic(56, 16, 1, 5, k_boxes=4),
+     SplitKTactic(56, 64, 1, 7, k_boxes=2), SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True)),
+    ((1536, 7168), SplitKTactic(128, 8, 8, 6, k_boxes=2), SplitKTactic(128, 16, 8, 6, k_boxes=2),
+     SplitKTactic(128, 64, 8, 9), SplitKTactic(64, 256, 4, 5)),
+    ((3072, 7168), SplitKTactic(128, 8, 4, 6, k_boxes=2), SplitKTactic(128, 16, 4, 6, k_boxes=2),
+     SplitKTactic(128, 64, 4, 9), SplitKTactic(48, 128, 1, 10, multicast=2, weight_as_b=True)),
+    ((7168, 768), SplitKTactic(56, 8, 1, 6, k_boxes=4), SplitKTactic(56, 16, 1, 5, k_boxes=4),
+     SplitKTactic(56, 64, 1, 7, k_boxes=2), SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True)),
+    ((6288, 7168), SplitKTactic(48, 8, 1, 6, k_boxes=4), SplitKTactic(48, 16, 1, 5, k_boxes=4),
+     SplitKTactic(48, 64, 1, 7, k_boxes=2), SplitKTactic(96, 128, 1, 8, multicast=2, weight_as_b=True)),
+    ((3584, 7168), SplitKTactic(32, 8, 1, 6, k_boxes=4), SplitKTactic(32, 16, 1, 5, k_boxes=4),
+     SplitKTactic(32, 64, 1, 7, k_boxes=2), SplitKTactic(64, 128, 1, 9, multicast=2, weight_as_b=True)),
+    ((7168, 3584), SplitKTactic(56, 8, 1, 6, k_boxes=4), SplitKTactic(56, 16, 1, 5, k_boxes=4),
+     SplitKTactic(56, 64, 1, 7, k_boxes=2), SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True)),
+    ((8448, 7168), SplitKTactic(64, 8, 1, 6, k_boxes=4), SplitKTactic(64, 16, 1, 5, k_boxes=4),
+     SplitKTactic(64, 64, 1, 7, k_boxes=2), SplitKTactic(128, 128, 1, 7, multicast=2, weight_as_b=True)),
+    ((7168, 4224), SplitKTactic(56, 8, 1, 6, k_boxes=4), SplitKTactic(56, 16, 1, 5, k_boxes=4),
+     SplitKTactic(56, 64, 1, 7, k_boxes=2), SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True)),
+    ((20480, 7168), SplitKTactic(160, 8, 1, 9), SplitKTactic(160, 16, 1, 8), SplitKTactic(160, 64, 1, 7),
+     SplitKTactic(128, 256, 1, 4, multicast=4)),
+    ((7168, 14336), SplitKTactic(56, 8, 1, 6, k_boxes=4), SplitKTactic(56, 16, 1, 5, k_boxes=4),
+     SplitKTactic(56, 64, 1, 7, k_boxes=2), SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True)),
+    ((1536, 128), SplitKTactic(64, 8, 1, 25), SplitKTactic(64, 16, 1, 22), SplitKTactic(64, 64, 1, 14),
+     SplitKTactic(64, 64, 1, 14, multicast=4)),
+    ((3072, 128), SplitKTactic(64, 8, 1, 25), SplitKTactic(64, 16, 1, 22), SplitKTactic(64, 64, 1, 14),
+     SplitKTactic(48, 128, 1, 10, multicast=2, weight_as_b=True)),
 ]
 
 
@@ -45,7 +59,7 @@ PINNED = [
 def test_heuristic_picks_are_pinned(shape, at1, at16, at64, at256):
     n, k = shape
     picks = {b: default_tactic(n, k, b) for b in (1, 16, 64, 256)}
-    assert picks == {1: SplitKTactic(*at1), 16: SplitKTactic(*at16), 64: SplitKTactic(*at64), 256: SplitKTactic(*at256)}
+    assert picks == {1: at1, 16: at16, 64: at64, 256: at256}
 
 
 def test_filling_tiles_put_one_unsplit_tile_on_each_sm():
@@ -277,7 +291,7 @@ def test_wide_stage_candidates_keep_shared_memory_and_cover_k():
             if k >= 1536:
                 assert wide, f"{n}x{k} M={batch}: no wide stages timed"
     narrow = SplitKTactic(64, 8, 2, 25)
-    assert with_k_boxes(narrow, 4) == SplitKTactic(64, 8, 2, 6, 4)
+    assert with_k_boxes(narrow, 4) == SplitKTactic(64, 8, 2, 6, k_boxes=4)
     assert with_k_boxes(narrow, 4).smem_bytes <= narrow.smem_bytes
 
 
@@ -309,13 +323,15 @@ def test_shared_weight_tiles_serve_the_whole_batch_in_one_wave():
                 assert batch % tactic.activation_rows == 0 or batch == 96, tactic
                 assert waves(tactic, n, batch) == 1, tactic
     # At M=96 two 64-row tiles, the second moved back to rows 32-95: 66 clusters of 2 on 6288 rows (v34).
-    assert SplitKTactic(96, 64, 1, 11, 1, 2, weight_as_b=True) in candidates.shared_weight_tactics(6288, 7168, 96)
+    offered = candidates.shared_weight_tactics(6288, 7168, 96)
+    assert SplitKTactic(96, 64, 1, 11, multicast=2, weight_as_b=True) in offered
     # Three 64-row activation tiles share 96-row weight tiles: 32 clusters of 3 (the v33 probe's winner).
-    assert candidates.shared_weight_tactics(3072, 7168, 192)[0] == SplitKTactic(96, 64, 1, 11, 1, 3, weight_as_b=True)
-    assert SplitKTactic(112, 128, 1, 7, 1, 2, weight_as_b=True) in candidate_tactics(7168, 14336, 256, limit=16)
+    assert candidates.shared_weight_tactics(3072, 7168, 192)[0] == SplitKTactic(96, 64, 1, 11, multicast=3,
+                                                                                 weight_as_b=True)
+    assert SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True) in candidate_tactics(7168, 14336, 256, limit=16)
     # Three 64-row activation tiles with pairs would take two pairs, the last wholly past the batch.
-    assert grid_ctas(SplitKTactic(112, 64, 1, 7, 1, 2, weight_as_b=True), 7168, 192) == 64 * 4
-    assert grid_ctas(SplitKTactic(112, 64, 1, 7, 1, 2), 7168, 192) == 64 * 3
+    assert grid_ctas(SplitKTactic(112, 64, 1, 7, multicast=2, weight_as_b=True), 7168, 192) == 64 * 4
+    assert grid_ctas(SplitKTactic(112, 64, 1, 7, multicast=2), 7168, 192) == 64 * 3
 
 
 def test_padded_weight_tiles_fill_the_sms_at_streaming_batches():
@@ -333,7 +349,7 @@ def test_padded_weight_tiles_fill_the_sms_at_streaming_batches():
     for (n, k) in KIMI_K3_SHAPES:
         assert all(t.weight_smem_rows == t.weight_rows for t in candidate_tactics(n, k, 128, limit=20))
     # Up to 96 activation rows: 6288 x 7168 M=96 on 131 tiles of 48 in 2-box stages, the v34 probe's fastest.
-    assert SplitKTactic(48, 96, 1, 5, 2) in candidate_tactics(6288, 7168, 96, limit=20)
+    assert SplitKTactic(48, 96, 1, 5, k_boxes=2) in candidate_tactics(6288, 7168, 96, limit=20)
     # Under a pinned summation order, one padded tile of that order (it sums as the whole tile does).
     pinned = candidate_tactics(7168, 4224, 1, limit=16, order=(1, 2))
     assert {t.summation_order for t in pinned} == {(1, 2)}
@@ -360,10 +376,10 @@ def test_folded_tiles_fill_the_sms_in_one_warpgroup_tile_at_streaming_batches():
 
 
 def test_folded_tactics_are_checked():
-    folded = SplitKTactic(28, 8, 1, 5, 4, fold=2)
+    folded = SplitKTactic(28, 8, 1, 5, k_boxes=4, fold=2)
     assert folded.valid and folded.tile_mnk == (64, 16, 256) and folded.slot_rows == 32 and folded.label.endswith("F2)")
     # A fold of 2 sums in the K slices of a split of 2, in the same order.
-    assert folded.summation_order == SplitKTactic(64, 8, 2, 6, 4).summation_order == (2, 4)
+    assert folded.summation_order == SplitKTactic(64, 8, 2, 6, k_boxes=4).summation_order == (2, 4)
     assert folded.invariance_verified
     for bad in (replace(folded, weight_rows=33), replace(folded, split=2), replace(folded, multicast=2),
                 replace(folded, weight_as_b=True), replace(folded, fold=3), replace(folded, activation_rows=256, stages=2)):
@@ -440,8 +456,9 @@ def test_waves_count_whole_clusters_per_gpc():
 
 def test_early_dependents_are_offered_for_streaming_unclustered_weight_as_a_tiles_alone_on_an_sm():
     tactics = [SplitKTactic(128, 96, 1, 7), SplitKTactic(64, 8, 4, 6), SplitKTactic(128, 64, 1, 7),
-               SplitKTactic(56, 64, 1, 4, weight_as_b=True), SplitKTactic(64, 8, 1, 6, 4), SplitKTactic(56, 32, 1, 5),
-               SplitKTactic(128, 8, 1, 6), SplitKTactic(48, 8, 1, 6, 4), SplitKTactic(96, 16, 1, 12)]
+               SplitKTactic(56, 64, 1, 4, weight_as_b=True), SplitKTactic(64, 8, 1, 6, k_boxes=4),
+               SplitKTactic(56, 32, 1, 5),
+               SplitKTactic(128, 8, 1, 6), SplitKTactic(48, 8, 1, 6, k_boxes=4), SplitKTactic(96, 16, 1, 12)]
     assert policies.ctas_per_sm(tactics[0]) == 1 and tactics[0].activation_rows >= policies.COMPUTE_BOUND_ROWS
     assert policies.ctas_per_sm(tactics[6]) == 2
     early = early_dependents_tactics(tactics)
@@ -454,10 +471,10 @@ def test_early_dependents_are_offered_for_streaming_unclustered_weight_as_a_tile
 def test_split_partials_get_shared_memory_of_their_own_where_it_fits():
     # 4 stages of 24 KB leave room for the 32 KB of partials, one CTA per SM either way: sent as each rank's loop
     # ends, no cluster barrier first.
-    beside = SplitKTactic(128, 32, 4, 5, 2)
+    beside = SplitKTactic(128, 32, 4, 5, k_boxes=2)
     assert beside.reduction_buffered and beside.smem_bytes == 1024 + 5 * beside.stage_bytes + beside.reduction_bytes
     # 7 two-box stages fill shared memory: the partials reuse the drained stages.
-    reusing = SplitKTactic(56, 64, 2, 7, 2)
+    reusing = SplitKTactic(56, 64, 2, 7, k_boxes=2)
     assert not reusing.reduction_buffered and reusing.smem_bytes == 1024 + 7 * reusing.stage_bytes
     # The owner keeps its own partials in registers: the buffer holds a slot per peer. Not with three consumer
     # warpgroups, whose accumulators leave too few registers.
@@ -471,19 +488,20 @@ def test_split_partials_get_shared_memory_of_their_own_where_it_fits():
     # The tuner times split tactics in fewer stages that give their partials a buffer at as many CTAs per SM:
     # two per SM for the 64-row tile, one for the others.
     assert candidates.buffered_partials_tactics(
-        [SplitKTactic(64, 64, 3, 7), SplitKTactic(128, 8, 3, 13), SplitKTactic(56, 64, 2, 7, 2),
-         SplitKTactic(128, 32, 4, 5, 2)]) == [SplitKTactic(64, 64, 3, 6), SplitKTactic(56, 64, 2, 6, 2)]
+        [SplitKTactic(64, 64, 3, 7), SplitKTactic(128, 8, 3, 13), SplitKTactic(56, 64, 2, 7, k_boxes=2),
+         SplitKTactic(128, 32, 4, 5, k_boxes=2)]) == [SplitKTactic(64, 64, 3, 6), SplitKTactic(56, 64, 2, 6, k_boxes=2)]
     offered = [t for t in candidate_tactics(2304, 1536, 64, limit=12) if t.reduction_buffered and t.split > 1]
     assert any(policies.ctas_per_sm(t) == 2 for t in offered)
     # The batch-invariant pass on 3584 x 7168 (order (2, 2)) times the padded split tile's buffered twin.
-    assert SplitKTactic(56, 64, 2, 6, 2) in candidate_tactics(3584, 7168, 64, limit=6, order=(2, 2))
+    assert SplitKTactic(56, 64, 2, 6, k_boxes=2) in candidate_tactics(3584, 7168, 64, limit=6, order=(2, 2))
     # Shared-weight tiles get a buffered twin of their own, the one that keeps the largest share of its stages:
     # 7 of 8 for the 80-row split of 2 on 2112 x 7168 M=256, 4 of 6 for the cost model's 144-row split of 4.
     shared = candidates.shared_weight_tactics(2112, 7168, 256)
-    assert SplitKTactic(80, 128, 2, 8, 1, 2, weight_as_b=True) in shared[candidates.SHARED_WEIGHT_CANDIDATES:]
+    assert SplitKTactic(80, 128, 2, 8, multicast=2, weight_as_b=True) in shared[candidates.SHARED_WEIGHT_CANDIDATES:]
     assert candidates.buffered_keeping_most_stages(shared)[:2] == [
-        SplitKTactic(80, 128, 2, 7, 1, 2, weight_as_b=True), SplitKTactic(160, 64, 2, 7, 1, 4, weight_as_b=True)]
-    assert SplitKTactic(80, 128, 2, 7, 1, 2, weight_as_b=True) in candidate_tactics(2112, 7168, 256, limit=16)
+        SplitKTactic(80, 128, 2, 7, multicast=2, weight_as_b=True),
+        SplitKTactic(160, 64, 2, 7, multicast=4, weight_as_b=True)]
+    assert SplitKTactic(80, 128, 2, 7, multicast=2, weight_as_b=True) in candidate_tactics(2112, 7168, 256, limit=16)
 
 
 def test_a_cluster_no_sm_group_can_hold_is_never_chosen():

@@ -230,7 +230,7 @@ def test_time_tactics_parses_cells_and_flags():
     assert (n, k, batch) == (6288, 7168, 64)
     assert tactics[0].multicast == 4 and not tactics[0].weight_as_b
     assert tactics[1].weight_as_b and (tactics[1].weight_rows, tactics[1].stages) == (96, 11)
-    assert tactics[2] == SplitKTactic(56, 8, 1, 6, 4, dependents_at_start=True)
+    assert tactics[2] == SplitKTactic(56, 8, 1, 6, k_boxes=4, dependents_at_start=True)
     assert tactics[3] == SplitKTactic(64, 8, 1, 6) and tactics[2].label == "(56,8,1,6,4,1,1,E)"
 
 
@@ -292,4 +292,4 @@ def test_changed_cells_rank_by_the_same_runs_timings():
     assert abs(found[0][0] - 0.7) < 1e-9
     assert script.probe_cell(*found[0][1:]) == "3584x7168:64:64,64,3,7,1,1,1/56,64,2,6,2,1,1"
     time_tactics = load_script("time_tactics")
-    assert time_tactics.parse_cell(script.probe_cell(*found[0][1:]))[3][1] == SplitKTactic(56, 64, 2, 6, 2)
+    assert time_tactics.parse_cell(script.probe_cell(*found[0][1:]))[3][1] == SplitKTactic(56, 64, 2, 6, k_boxes=2)
