@@ -199,7 +199,7 @@ def entry(n, k, batch, winner: Timed, *, gpu, batch_invariant, weight_dtype, out
         "gpu": gpu.name, "sm_count": gpu.sm_count, "n": n, "k": k,
         "weight_dtype": dtype_name(weight_dtype), "output_dtype": dtype_name(output_dtype),
         "batch_invariant": batch_invariant, "batch": batch,
-        "tactic": list(astuple(winner.tactic)),
+        "tactic": winner.tactic.to_dict(),
         "us": round(winner.score, 3),  # mean of back to back and after glue
     }
 

@@ -5,6 +5,7 @@ import torch
 
 from decode_projection.__main__ import main
 from decode_projection.projection import compile_projection
+from decode_projection.tactic import SplitKTactic
 
 
 @pytest.fixture
@@ -100,13 +101,35 @@ def test_markdown_of_a_saved_run_has_a_table_per_policy(capsys, tmp_path):
 
     meta = {"gpu": "NVIDIA H200", "sm_count": 132, "torch": "2.11", "cuda": "13.0", "cutlass_dsl": "4.8.1",
             "date": "2026-12-04", "method": "cold L2"}
-    cells = [Cell(2304, 1536, 1, policy, "table", (64, 8, 1, 8, 1, 1, 1, False, False, 1), us, 5.1, 3.4)
+    cells = [Cell(2304, 1536, 1, policy, "table", SplitKTactic(64, 8, 1, 8), us, 5.1, 3.4)
              for policy, us in (("tuned", 3.0), ("batch-invariant", 3.2))]
     write_json(tmp_path / "run.json", cells, meta)
     assert main(["bench", "--from-json", str(tmp_path / "run.json"), "--markdown"]) == 0
     printed = capsys.readouterr().out
     assert "tuned:\n| N x K" in printed and "batch-invariant:\n| N x K" in printed
     assert "| 2304 x 1536 | 7.1 | 3.4 | 3.0 / 5.1 |" in printed and "| 3.2 / 5.1 |" in printed
+
+
+def test_saved_runs_store_tactics_by_name_and_older_runs_still_read(tmp_path):
+    import json
+
+    from decode_projection.bench import Cell
+    from decode_projection.report import load_json, write_json
+
+    tactic = SplitKTactic(56, 8, 1, 6, k_boxes=4, dependents_at_start=True)
+    meta = {"gpu": "NVIDIA H200"}
+    write_json(tmp_path / "run.json", [Cell(7168, 1536, 1, "tuned", "table", tactic, 3.0, 5.1, 3.4)], meta)
+    document = json.loads((tmp_path / "run.json").read_text())
+    assert document["format"] == 2 and document["cells"][0]["tactic"] == tactic.to_dict()
+    # A run saved before format 2: no format, each tactic a list of its fields in order.
+    older = {"meta": meta, "cells": [{**document["cells"][0], "tactic": list(tactic.to_dict().values())}]}
+    (tmp_path / "older.json").write_text(json.dumps(older))
+    assert load_json(tmp_path / "older.json") == load_json(tmp_path / "run.json")
+    assert load_json(tmp_path / "run.json")[0][0].tactic == tactic
+    for claimed in (3, True, 2.0):
+        (tmp_path / "future.json").write_text(json.dumps({**document, "format": claimed}))
+        with pytest.raises(ValueError, match="saved run format"):
+            load_json(tmp_path / "future.json")
 
 
 def test_an_unreadable_saved_run_is_an_error_not_a_traceback(capsys, tmp_path):

@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import threading
 from dataclasses import replace
 
 import pytest
@@ -148,12 +149,12 @@ def test_cost_model_prefers_in_flight_bytes():
 def entry(batch, tactic, *, n=2112, k=7168, invariant=False, gpu="NVIDIA H200"):
     return {"gpu": gpu, "sm_count": 132, "n": n, "k": k, "weight_dtype": "bfloat16",
             "output_dtype": "bfloat16", "batch_invariant": invariant, "batch": batch,
-            "tactic": list(tactic), "us": 9.0}
+            "tactic": tactic.to_dict(), "us": 9.0}
 
 
 def test_table_round_trip_and_lookup(tmp_path, monkeypatch):
     path = tmp_path / "h200.json"
-    tables.write_table(path, [entry(1, (64, 8, 2, 25)), entry(8, (64, 8, 2, 25)), entry(1, (128, 8, 4, 13), gpu="NVIDIA H100")],
+    tables.write_table(path, [entry(1, SplitKTactic(64, 8, 2, 25)), entry(8, SplitKTactic(64, 8, 2, 25)), entry(1, SplitKTactic(128, 8, 4, 13), gpu="NVIDIA H100")],
                        dsl_version="4.8.1", measured="2026-12-02")
     loaded = tables.load_table(path)
     key = tables.TableKey("NVIDIA H200", 132, 2112, 7168, "bfloat16", "bfloat16", False)
@@ -178,9 +179,9 @@ def test_table_round_trip_and_lookup(tmp_path, monkeypatch):
 def test_tables_of_your_own_replace_the_shipped_shapes_they_hold(tmp_path, monkeypatch):
     h100 = GpuSpec("NVIDIA H100 80GB HBM3", 132, H200.smem_per_sm, 3.0e6)
     mine, later = tmp_path / "mine.json", tmp_path / "later.json"
-    tables.write_table(mine, [entry(1, (128, 8, 4, 13), gpu=h100.name), entry(8, (64, 8, 2, 25))],
+    tables.write_table(mine, [entry(1, SplitKTactic(128, 8, 4, 13), gpu=h100.name), entry(8, SplitKTactic(64, 8, 2, 25))],
                        dsl_version="4.8.1", measured="2026-12-05")
-    tables.write_table(later, [entry(1, (64, 16, 2, 20), gpu=h100.name)], dsl_version="4.8.1", measured="2026-12-05")
+    tables.write_table(later, [entry(1, SplitKTactic(64, 16, 2, 20), gpu=h100.name)], dsl_version="4.8.1", measured="2026-12-05")
 
     def resolved(gpu, batches=(1, 8, 16)):
         return resolve_policies(2112, 7168, batches, gpu=gpu, weight_dtype=torch.bfloat16,
@@ -209,7 +210,7 @@ def test_tables_of_your_own_replace_the_shipped_shapes_they_hold(tmp_path, monke
 
 def test_batch_invariant_table_fixes_the_split_for_uncovered_batches(monkeypatch, tmp_path):
     path = tmp_path / "inv.json"
-    tables.write_table(path, [entry(1, (64, 8, 2, 25), invariant=True)], dsl_version="4.8.1", measured="2026-12-02")
+    tables.write_table(path, [entry(1, SplitKTactic(64, 8, 2, 25), invariant=True)], dsl_version="4.8.1", measured="2026-12-02")
     monkeypatch.setattr(tables, "shipped_tables", lambda: tables.load_table(path))
     found, sources = resolve_policies(2112, 7168, [1, 3, 100, 256], gpu=H200, weight_dtype=torch.bfloat16,
                                       output_dtype=torch.bfloat16, batch_invariant=True)
@@ -223,7 +224,7 @@ def test_batch_invariant_table_fixes_the_split_for_uncovered_batches(monkeypatch
 
 def test_batch_invariant_table_with_two_splits_is_refused(tmp_path):
     path = tmp_path / "mixed.json"
-    tables.write_table(path, [entry(1, (64, 8, 2, 25), invariant=True), entry(8, (64, 8, 4, 12), invariant=True)],
+    tables.write_table(path, [entry(1, SplitKTactic(64, 8, 2, 25), invariant=True), entry(8, SplitKTactic(64, 8, 4, 12), invariant=True)],
                        dsl_version="4.8.1", measured="2026-12-02")
     with pytest.raises(ValueError, match="mixes summation orders"):
         tables.load_table(path)
@@ -231,29 +232,88 @@ def test_batch_invariant_table_with_two_splits_is_refused(tmp_path):
 
 def test_stale_table_entry_fails_loudly(tmp_path):
     path = tmp_path / "bad.json"
-    path.write_text(json.dumps({"format": 1, "entries": [entry(1, (64, 12, 2, 4))]}))
+    path.write_text(json.dumps({"format": 2, "entries": [entry(1, SplitKTactic(64, 12, 2, 4))]}))
     with pytest.raises(ValueError, match="no longer valid"):
         tables.load_table(path)
     path.write_text(json.dumps({"format": 99, "entries": []}))
     with pytest.raises(ValueError, match="format"):
         tables.load_table(path)
     # Whatever is wrong, the message names the file.
-    malformed = [{**entry(1, (64, 8, 2, 4)), "batch": "1"}, {"batch": 1, "tactic": [64, 8, 2, 4]},
-                 {**entry(1, (64, 8, 2, 4)), "tactic": [64, "eight"]}, {**entry(1, (64, 8, 2, 4)), "n": [7168]},
-                 {**entry(1, (64, 8, 2, 4)), "batch_invariant": "yes"}, {**entry(1, (64, 8, 2, 4)), "batch": True}]
-    for bad in malformed:
-        path.write_text(json.dumps({"format": 1, "entries": [bad]}))
-        with pytest.raises(ValueError, match="bad.json: entry"):
-            tables.load_table(path)
-    for broken in (b'{"format": 1, "entries": [', b"\xff\xfe not text"):
+    good = entry(1, SplitKTactic(64, 8, 2, 4))
+    malformed = {
+        2: [{**good, "batch": "1"}, {"batch": 1, "tactic": good["tactic"]}, {**good, "n": [7168]},
+            {**good, "batch_invariant": "yes"}, {**good, "batch": True}, "an entry",
+            {**good, "tactic": [64, 8, 2, 4]},  # format 2 stores tactics by field name
+            {**good, "tactic": {**good["tactic"], "kboxes": 2}}, {**good, "tactic": {"weight_rows": 64}}],
+        1: [{**good, "tactic": [64, "eight"]}, {**good, "tactic": [64, 8, 2]}, {**good, "tactic": "64,8,2,4"}],
+    }
+    for version, entries in malformed.items():
+        for bad in entries:
+            path.write_text(json.dumps({"format": version, "entries": [bad]}))
+            with pytest.raises(ValueError, match="bad.json: entry"):
+                tables.load_table(path)
+    for broken in (b'{"format": 2, "entries": [', b"\xff\xfe not text", b'{"format": 2, "entries": [' + b"9" * 5000 + b"]}"):
         path.write_bytes(broken)
         with pytest.raises(ValueError, match="bad.json: not a JSON table"):
             tables.load_table(path)
 
 
+@pytest.mark.parametrize("claimed", [True, 2.0, 1.0, "2", None, [2]])
+def test_a_table_format_is_exactly_the_integer_it_claims(tmp_path, claimed):
+    path = tmp_path / "claims.json"
+    path.write_text(json.dumps({"format": claimed, "entries": []}))
+    with pytest.raises(ValueError, match="claims.json: table format"):
+        tables.load_table(path)
+
+
+@pytest.mark.parametrize("opening, closing", [("[", "]"), ('{"entries": ', "}")])
+def test_deeply_nested_json_is_refused_as_a_table(tmp_path, opening, closing):
+    path = tmp_path / "deep.json"
+    path.write_text(opening * 100_000 + closing * 100_000)
+    with pytest.raises(ValueError, match="deep.json: not a JSON table: nested too deeply"):
+        tables.load_table(path)
+
+
+def test_a_table_that_is_not_a_regular_file_is_refused_unopened(tmp_path):
+    fifo = tmp_path / "table.fifo"
+    os.mkfifo(fifo)
+    outcome = []
+
+    def load():  # with no writer, opening the FIFO to read would block: in a thread the test sees that
+        try:
+            tables.load_table(fifo)
+        except ValueError as error:
+            outcome.append(str(error))
+
+    reader = threading.Thread(target=load, daemon=True)
+    reader.start()
+    reader.join(timeout=10)
+    assert outcome == [f"{fifo}: not a regular file"]
+    with pytest.raises(ValueError, match="/dev/null: not a regular file"):
+        tables.load_table("/dev/null")
+
+
+def test_old_and_new_table_formats_read_to_identical_policies(tmp_path, monkeypatch):
+    """The shipped tables, written back in format 1 (each tactic a list of its fields in order, the trailing fold
+    left out where it is 1 as the first format-1 tables did), load to the same tactics."""
+    old_paths = []
+    for path in sorted(tables.SHIPPED.glob("*.json")):
+        document = json.loads(path.read_text())
+        assert document["format"] == 2
+        for stored in document["entries"]:
+            fields = list(stored["tactic"].values())
+            stored["tactic"] = fields[:-1] if fields[-1] == 1 and stored["batch"] % 2 else fields
+        old = tmp_path / path.name
+        old.write_text(json.dumps({**document, "format": 1}))
+        assert tables.load_table(old) == tables.load_table(path)
+        old_paths.append(str(old))
+    monkeypatch.setenv(tables.USER_TABLES, os.pathsep.join(old_paths))
+    assert tables.tables_in_use() == tables.shipped_tables()
+
+
 def test_a_table_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     path = tmp_path / "table.json"
-    tables.write_table(path, [entry(1, (64, 8, 2, 4))], dsl_version="4.8.1", measured="2026-12-05")
+    tables.write_table(path, [entry(1, SplitKTactic(64, 8, 2, 4))], dsl_version="4.8.1", measured="2026-12-05")
     before = path.read_text()
 
     def killed(*args, **kwargs):
@@ -261,7 +321,7 @@ def test_a_table_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
 
     monkeypatch.setattr(tables.Path, "replace", killed)
     with pytest.raises(KeyboardInterrupt):
-        tables.write_table(path, [entry(8, (64, 8, 2, 4))], dsl_version="4.8.1", measured="2026-12-05")
+        tables.write_table(path, [entry(8, SplitKTactic(64, 8, 2, 4))], dsl_version="4.8.1", measured="2026-12-05")
     assert path.read_text() == before
 
 
@@ -401,11 +461,13 @@ def test_pinned_summation_order_is_kept_for_every_batch():
 
 # Batch-invariant tables the loader refuses: (batch, tactic) entries and the reason it gives.
 REFUSED_INVARIANT_TABLES = {
-    "mixed-k-boxes": ([(1, (64, 8, 2, 6, 4)), (16, (64, 16, 2, 12, 1))], "mixes summation orders"),
+    "mixed-k-boxes": ([(1, SplitKTactic(64, 8, 2, 6, k_boxes=4)), (16, SplitKTactic(64, 16, 2, 12))],
+                      "mixes summation orders"),
     # Invariance is verified with the weight as A only.
-    "weight-as-b": ([(64, (64, 64, 2, 6)), (256, (112, 128, 2, 4, 1, 1, 1, True))], "weight as A only"),
+    "weight-as-b": ([(64, SplitKTactic(64, 64, 2, 6)), (256, SplitKTactic(112, 128, 2, 4, weight_as_b=True))],
+                    "weight as A only"),
     # A fold of 2 sums as a split of 2, not as an unsplit tile.
-    "folded-unsplit": ([(1, (28, 8, 1, 5, 4, 1, 1, False, False, 2)), (64, (32, 64, 1, 3, 4))],
+    "folded-unsplit": ([(1, SplitKTactic(28, 8, 1, 5, k_boxes=4, fold=2)), (64, SplitKTactic(32, 64, 1, 3, k_boxes=4))],
                        "mixes summation orders"),
 }
 
@@ -422,19 +484,22 @@ def test_batch_invariant_table_is_refused(tmp_path, name):
 
 def test_batch_invariant_table_may_hold_padded_and_folded_tiles_of_its_order(tmp_path):
     path = tmp_path / "padded.json"
-    tables.write_table(path, [entry(1, (64, 8, 1, 6, 2), invariant=True), entry(32, (56, 32, 1, 9, 2), invariant=True)],
+    tables.write_table(path, [entry(1, SplitKTactic(64, 8, 1, 6, k_boxes=2), invariant=True),
+                              entry(32, SplitKTactic(56, 32, 1, 9, k_boxes=2), invariant=True)],
                        dsl_version="test", measured="today")
     assert tables.load_table(path)
     path = tmp_path / "folded.json"
-    tables.write_table(path, [entry(1, (28, 8, 1, 5, 4, 1, 1, False, False, 2), invariant=True),
-                              entry(64, (64, 64, 2, 3, 4), invariant=True)], dsl_version="test", measured="today")
+    tables.write_table(path, [entry(1, SplitKTactic(28, 8, 1, 5, k_boxes=4, fold=2), invariant=True),
+                              entry(64, SplitKTactic(64, 64, 2, 3, k_boxes=4), invariant=True)],
+                       dsl_version="test", measured="today")
     assert tables.load_table(path)
 
 
 def test_free_table_may_hold_what_invariant_tables_may_not(tmp_path):
     assert SplitKTactic(112, 128, 2, 4, weight_as_b=True).summation_order != SplitKTactic(64, 128, 2, 4).summation_order
     path = tmp_path / "free.json"
-    tables.write_table(path, [entry(32, (56, 32, 1, 9, 2)), entry(256, (112, 128, 2, 4, 1, 1, 1, True))],
+    tables.write_table(path, [entry(32, SplitKTactic(56, 32, 1, 9, k_boxes=2)),
+                              entry(256, SplitKTactic(112, 128, 2, 4, weight_as_b=True))],
                        dsl_version="test", measured="today")
     assert tables.load_table(path)
 
