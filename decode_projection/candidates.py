@@ -44,10 +44,10 @@ from .policies import (
     activation_rows_for, activation_tile_choices, covering_rows, ctas_per_sm, default_tactic, largest_split,
     predicted_time_us, waves,
 )
+from .sm90 import PORTABLE_CLUSTER, RESERVED_SMEM_PER_CTA, WGMMA_ROWS
 from .tactic import (
-    ACTIVATION_ROWS_AS_A, BARRIER_BYTES, FOLDS, K_BOXES, MOST_PARTIALS_OF_FOUR_GROUPS, MULTICASTS, PORTABLE_CLUSTER,
-    RESERVED_SMEM_PER_CTA, SPLITS, WEIGHT_ROWS,
-    WEIGHT_ROWS_AS_A, WEIGHT_ROWS_AS_B, WGMMA_ROWS, SplitKTactic, max_stages,
+    ACTIVATION_ROWS_AS_A, BARRIER_BYTES, FOLDS, K_BOXES, MOST_PARTIALS_OF_FOUR_GROUPS, MULTICASTS, SPLITS, WEIGHT_ROWS,
+    WEIGHT_ROWS_AS_A, WEIGHT_ROWS_AS_B, SplitKTactic, max_stages,
 )
 
 WIDE_STAGE_CANDIDATES = 4  # slots for 2- and 4-box variants of the best one-box tactics
@@ -186,7 +186,7 @@ def folded_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, order=None) 
             stages = max_stages(rows, acts, 1, boxes, fold=fold)
             tactic = SplitKTactic(rows, acts, 1, stages, k_boxes=boxes, fold=fold)
             # Two stages of 4 boxes ran 3x slower on the H200 (42 against 15 us at M=64): one stage in flight.
-            if tactic.valid and tactic.stages >= MIN_STAGES and math.ceil(math.ceil(k / tactic.tile_k) / fold) >= 2:
+            if tactic.valid and tactic.stages >= MIN_STAGES and tactic.k_slice(k, rank=0).stages >= 2:
                 found.append(tactic)
     return [t for t in found if order is None or t.summation_order == tuple(order)]
 
@@ -252,10 +252,8 @@ def fits_like(tactic: SplitKTactic, base: SplitKTactic, n: int, batch: int, gpu:
 
 
 def fills_every_rank(tactic: SplitKTactic, k: int) -> bool:
-    """Every split rank gets at least two stages of K (the last one included)."""
-    tiles = math.ceil(k / tactic.tile_k)
-    per_rank = math.ceil(tiles / tactic.split)
-    return tiles >= 2 * tactic.split and (tactic.split - 1) * per_rank < tiles
+    """The split ranks get two stages of K each on average, and the last one gets some."""
+    return tactic.k_tiles(k) >= 2 * tactic.split and tactic.k_slice(k, tactic.split - 1).stages > 0
 
 
 def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):

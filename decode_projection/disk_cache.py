@@ -34,7 +34,7 @@ from cutlass.cute.runtime import load_module
 from cutlass.runtime import find_runtime_libraries
 
 # The sources whose text decides the generated code.
-CODEGEN_SOURCES = ("splitk.py", "tactic.py", "projection.py")
+CODEGEN_SOURCES = ("splitk.py", "tactic.py", "sm90.py", "projection.py")
 FORMAT = "2"  # 2: file names carry the hash of their bytes
 DISABLED = ("0", "off", "false", "no")
 

@@ -39,6 +39,12 @@ class TableKey:
     output_dtype: str
     batch_invariant: bool
 
+    @classmethod
+    def for_cell(cls, gpu, n: int, k: int, *, weight_dtype: torch.dtype, output_dtype: torch.dtype,
+                 batch_invariant: bool) -> "TableKey":
+        """The key of ``gpu``'s (a GpuSpec: its name and SM count) table for an N x K weight and these dtypes."""
+        return cls(gpu.name, gpu.sm_count, n, k, dtype_name(weight_dtype), dtype_name(output_dtype), batch_invariant)
+
 
 def dtype_name(dtype: torch.dtype) -> str:
     """``torch.bfloat16`` -> ``"bfloat16"``."""
@@ -185,12 +191,12 @@ def table_summation_order(key: TableKey, tables=None):
     return next(iter(found.values())).summation_order if key.batch_invariant and found else None
 
 
-def invariant_orders(gpu: str, sm_count: int, shapes, weight_dtype, output_dtype) -> dict:
-    """``{(n, k): (split, k boxes)}``: the order the shipped batch-invariant table sums each of ``shapes`` in, where
-    it holds the shape (what a re-tune of the shipped tables keeps)."""
+def invariant_orders(gpu, shapes, weight_dtype, output_dtype) -> dict:
+    """``{(n, k): (split, k boxes)}``: the order ``gpu``'s shipped batch-invariant table sums each of ``shapes`` in,
+    where it holds the shape (what a re-tune of the shipped tables keeps)."""
     found = {}
     for n, k in shapes:
-        key = TableKey(gpu, sm_count, n, k, dtype_name(weight_dtype), dtype_name(output_dtype), True)
+        key = TableKey.for_cell(gpu, n, k, weight_dtype=weight_dtype, output_dtype=output_dtype, batch_invariant=True)
         order = table_summation_order(key, shipped_tables())
         if order is not None:
             found[n, k] = order

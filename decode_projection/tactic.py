@@ -13,10 +13,15 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import KW_ONLY, dataclass, fields
+from typing import Any, NamedTuple
+
+from .sm90 import (
+    MOST_WGMMA_COLUMNS, PORTABLE_CLUSTER, QUARTER_REGISTERS, RESERVED_SMEM_PER_CTA, SMEM_CAPACITY, SMEM_PER_SM,
+    WGMMA_ROWS,
+)
 
 BOX_K = 64  # K of one TMA box: 64 16-bit elements = one 128-byte swizzle row
 K_BOXES = (1, 2, 4)  # boxes per stage along K: 128, 256 or 512 contiguous bytes of each weight row
-WGMMA_ROWS = 64  # rows of A (the weight, or the activations) per consumer warpgroup: wgmma M
 WEIGHT_ROWS = (64, 128, 192)  # whole tiles of one to three consumer warpgroups (the heuristic's and pinned orders')
 # With the weight as A a tile may also hold any multiple of 8 rows up to three warpgroups: its shared-memory
 # tile is rounded up to whole 64-row warpgroup tiles, whose rows past the TMA box are never loaded and whose
@@ -33,7 +38,7 @@ COLUMN_GROUPS = (1, 2)
 # tiles of any wgmma N (a multiple of 8 up to 256, also the TMA box's limit). A tile of 192 or 256
 # activation rows reads each weight byte into one CTA only, as the weight as A does.
 ACTIVATION_ROWS_AS_A = (64, 128, 192, 256)
-WEIGHT_ROWS_AS_B = tuple(range(8, 257, 8))
+WEIGHT_ROWS_AS_B = tuple(range(8, MOST_WGMMA_COLUMNS + 1, 8))
 # wgmma N. 48, 96 and 192 fit padded decode batches exactly: a 128- or 256-row tile
 # taller than the batch (rows past M are TMA zero-fill) measured up to 1.6x slower.
 ACTIVATION_ROWS = (8, 16, 32, 48, 64, 96, 128, 192, 256)
@@ -51,15 +56,10 @@ SPLITS = tuple(range(1, 9))  # 3, 5, 6 and 7 too: clusters need not be powers of
 # its rows (a cluster of two 128-row activation tiles reads each weight byte from L2 once, cuBLAS's shape at M=256).
 # Three share only a weight tile: three 64-row activation tiles cover M=192.
 MULTICASTS = (1, 2, 3, 4)
-PORTABLE_CLUSTER = 8  # CTAs a cluster (split x multicast) may hold without the non-portable attribute
-SMEM_CAPACITY = 227 * 1024  # sm_90 opt-in shared memory per block
-SMEM_PER_SM = 228 * 1024  # sm_90 shared memory per SM, shared by its resident CTAs
-RESERVED_SMEM_PER_CTA = 1024  # what the driver keeps per resident CTA on sm_90
-# Each quarter of an SM has 16384 registers for one warp of every warpgroup; a launch gives every thread an even
-# share (rounded down to 8). Where the consumers' accumulators outgrow it, a producer warpgroup keeps
-# PRODUCER_REGISTERS and hands the rest of the CTA's registers to the consumer warpgroups (setmaxnreg, which
-# waits for registers the CTA holds): 32 + 3 x 160 = 4 x 128 for three, 32 + 4 x 112 = 5 x 96 for four.
-QUARTER_REGISTERS = 16384
+# A launch gives every thread an even share of its SM quarter's QUARTER_REGISTERS (rounded down to 8). Where the
+# consumers' accumulators outgrow it, a producer warpgroup keeps PRODUCER_REGISTERS and hands the rest of the CTA's
+# registers to the consumer warpgroups (setmaxnreg, which waits for registers the CTA holds): 32 + 3 x 160 =
+# 4 x 128 for three, 32 + 4 x 112 = 5 x 96 for four.
 PRODUCER_REGISTERS = 32
 # Accumulators per thread that four consumer warpgroups of 112 registers hold without spilling: 160 weight rows
 # as B compiled clean for sm_90a, 176 spilled ~270 local-memory instructions.
@@ -69,6 +69,19 @@ POSITIONAL_FIELDS = 4  # the tile, the split and the stages; the fields after th
 # A label: the numbers, then B (the weight as wgmma's B), E (dependents let in at the start), F and the fold.
 _LABEL = re.compile(r"(?P<open>\()?(?P<numbers>\d+(?:,\d+){3,6})"
                     r"(?P<weight_as_b>,B)?(?P<early>,E)?(?:,F(?P<fold>\d+))?(?(open)\))")
+
+
+def ceil_div(dividend, divisor):
+    """How many ``divisor``-sized pieces cover ``dividend`` (Python integers)."""
+    return -(-dividend // divisor)
+
+
+class KSlice(NamedTuple):
+    """The K tiles one CTA consumes, one pipeline stage each: Python integers, or the kernel's."""
+
+    first: Any  # the first K tile of this split rank's slice
+    stages: Any  # stages the CTA consumes: the slice's K tiles (none for ranks past the end of K)
+    fold_stride: Any  # folded, K tiles between a stage's segments (0 unfolded)
 
 
 @dataclass(frozen=True)
@@ -261,6 +274,11 @@ class SplitKTactic:
         return self.partials_per_thread // self.reduction_vector
 
     @property
+    def reduction_groups_per_rank(self) -> int:
+        """Vectors each rank owns at most (vector g is rank g % split's): a slot's depth in the reduction's buffer."""
+        return ceil_div(self.reduction_groups, self.split)
+
+    @property
     def keeps_own_partials(self) -> bool:
         """Whether a split rank keeps the partials it owns in registers until it sums them, sending only its peers'
         (a slot fewer in the reduction's buffer). Not with three consumer warpgroups, whose accumulators leave too
@@ -285,8 +303,8 @@ class SplitKTactic:
         buffers'."""
         if self.split == 1:
             return 0
-        per_rank = math.ceil(self.reduction_groups / self.split)
-        return self.reduction_slots * per_rank * self.reduction_vector * 128 * self.consumer_groups * 4
+        return (self.reduction_slots * self.reduction_groups_per_rank * self.reduction_vector * 128
+                * self.consumer_groups * 4)
 
     @property
     def reduction_buffered(self) -> bool:
@@ -301,9 +319,36 @@ class SplitKTactic:
         buffered = pipeline + self.reduction_bytes
         return buffered <= SMEM_CAPACITY and resident_ctas(buffered) == resident_ctas(pipeline)
 
-    def grid_rows(self, batch: int) -> int:
-        """Activation tiles of the launch grid (its y) for ``batch``: whole groups of weight sharers."""
-        return math.ceil(math.ceil(batch / self.activation_rows) / self.weight_sharers) * self.weight_sharers
+    def grid_columns(self, n, ceil_div=ceil_div):
+        """CTAs along the launch grid's x for ``n`` weight rows: each weight tile's ``split`` ranks, the tiles in
+        whole groups of activation sharers (those past N read zeros and store nothing). Python integers, or the
+        kernel's with its ``ceil_div``."""
+        weight_groups = ceil_div(ceil_div(n, self.weight_rows), self.activation_sharers)
+        return weight_groups * self.activation_sharers * self.split
+
+    def grid_rows(self, batch, ceil_div=ceil_div):
+        """Activation tiles of the launch grid (its y) for ``batch``: whole groups of weight sharers (those past the
+        batch reload the last tile's rows and store nothing). Python integers, or the kernel's with its ``ceil_div``."""
+        return ceil_div(ceil_div(batch, self.activation_rows), self.weight_sharers) * self.weight_sharers
+
+    def k_tiles(self, k, ceil_div=ceil_div):
+        """Pipeline stages' worth of K (``tile_k`` columns each) in a weight of ``k`` columns, the last one partial
+        (TMA zero fill past K)."""
+        return ceil_div(k, self.tile_k)
+
+    def k_slice(self, k, rank, *, ceil_div=ceil_div, minimum=min, maximum=max) -> KSlice:
+        """The K tiles split rank ``rank`` consumes of a weight of ``k`` columns: a contiguous slice of
+        ceil(K tiles / split), the last ranks' shorter or empty. Folded (split 1), stage i holds K tile i of every
+        segment, segment s at s * the fold stride; the last segments' tiles past K are TMA zero fill. Python
+        integers, or the kernel's with its ``ceil_div``, ``minimum`` and ``maximum``."""
+        k_tiles = self.k_tiles(k, ceil_div)
+        per_rank = ceil_div(k_tiles, self.split)
+        first = rank * per_rank
+        stages = maximum(minimum(per_rank, k_tiles - first), 0)
+        if self.fold > 1:
+            fold_stride = ceil_div(k_tiles, self.fold)
+            return KSlice(first, fold_stride, fold_stride)
+        return KSlice(first, stages, 0)
 
     @property
     def smem_bytes(self) -> int:

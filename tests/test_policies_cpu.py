@@ -157,7 +157,9 @@ def test_table_round_trip_and_lookup(tmp_path, monkeypatch):
     tables.write_table(path, [entry(1, SplitKTactic(64, 8, 2, 25)), entry(8, SplitKTactic(64, 8, 2, 25)), entry(1, SplitKTactic(128, 8, 4, 13), gpu="NVIDIA H100")],
                        dsl_version="4.8.1", measured="2026-12-02")
     loaded = tables.load_table(path)
-    key = tables.TableKey("NVIDIA H200", 132, 2112, 7168, "bfloat16", "bfloat16", False)
+    key = tables.TableKey.for_cell(H200, 2112, 7168, weight_dtype=torch.bfloat16, output_dtype=torch.bfloat16,
+                                   batch_invariant=False)
+    assert key == tables.key_of(entry(1, SplitKTactic(64, 8, 2, 25)))
     assert tables.table_policies(key, [1, 8, 16], loaded) == {1: SplitKTactic(64, 8, 2, 25), 8: SplitKTactic(64, 8, 2, 25)}
     monkeypatch.setattr(tables, "shipped_tables", lambda: loaded)
     found, sources = resolve_policies(2112, 7168, [1, 16], gpu=H200, weight_dtype=torch.bfloat16,
@@ -336,7 +338,8 @@ def test_shipped_tables_load():
 def test_shipped_h200_tables_cover_the_workload(invariant):
     shipped = tables.shipped_tables()
     for n, k in KIMI_K3_SHAPES:
-        key = tables.TableKey("NVIDIA H200", 132, n, k, "bfloat16", "bfloat16", invariant)
+        key = tables.TableKey.for_cell(H200, n, k, weight_dtype=torch.bfloat16, output_dtype=torch.bfloat16,
+                                       batch_invariant=invariant)
         assert sorted(shipped[key]) == list(DECODE_BATCHES)
         if invariant:
             assert len({t.summation_order for t in shipped[key].values()}) == 1

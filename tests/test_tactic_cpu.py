@@ -52,3 +52,32 @@ def test_stored_tactics_are_not_checked_but_as_tactic_checks_them():
         as_tactic(stale)
     with pytest.raises(TypeError):
         stored_tactic("64,8,2,4")
+
+
+@pytest.mark.parametrize("tactic", [SplitKTactic(64, 8, split, 4, k_boxes=boxes) for split in (1, 2, 3, 5, 8)
+                                    for boxes in (1, 4)] + [SplitKTactic(28, 8, 1, 5, k_boxes=4, fold=2),
+                                                            SplitKTactic(16, 8, 1, 4, k_boxes=2, fold=4)],
+                         ids=lambda tactic: tactic.label)
+def test_the_k_slices_cover_every_k_tile_once(tactic):
+    for k in range(8, 6000, 104):
+        covered = []
+        for rank in range(tactic.split):
+            first, stages, fold_stride = tactic.k_slice(k, rank)
+            segments = range(tactic.fold) if tactic.fold > 1 else [0]
+            covered += [first + stage + segment * fold_stride for stage in range(stages) for segment in segments]
+        assert sorted(tile for tile in covered if tile < tactic.k_tiles(k)) == list(range(tactic.k_tiles(k))), k
+        assert len(covered) == len(set(covered)), k
+
+
+def test_the_kernels_integer_operations_give_the_host_formulas():
+    # The kernel evaluates these formulas with the DSL's operations on its own integers; on Python integers those
+    # give what the host computes.
+    import cutlass
+    import cutlass.cute as cute
+
+    kernel_ops = {"ceil_div": cute.ceil_div, "minimum": cutlass.min, "maximum": cutlass.max}
+    for tactic in GRID:
+        for k, n, batch in [(8, 1, 1), (1000, 2112, 3), (7168, 7168, 64), (14336, 20480, 256), (136, 9, 300)]:
+            assert all(tactic.k_slice(k, rank, **kernel_ops) == tactic.k_slice(k, rank) for rank in range(8))
+            assert tactic.grid_columns(n, cute.ceil_div) == tactic.grid_columns(n)
+            assert tactic.grid_rows(batch, cute.ceil_div) == tactic.grid_rows(batch)
