@@ -138,7 +138,7 @@ def invariant_pick(found: list[Timed], order: tuple, batch: int) -> Timed | None
     """What a batch-invariant table summing in ``order`` ships for a cell: the best score among the
     order's tactics that stay within INVARIANT_EXCESS of the cell's best back to back at a streaming
     batch (the allowance is judged as the benchmark reads it), else among all of them."""
-    own = [t for t in found if t.tactic.invariance_verified and t.tactic.summation_order == order]
+    own = [t for t in found if not t.tactic.weight_as_b and t.tactic.summation_order == order]
     if own and activation_rows_for(batch) < COMPUTE_BOUND_ROWS:
         allowed = INVARIANT_EXCESS * min(found, key=lambda t: t.score).chained_us
         own = [t for t in own if t.chained_us <= allowed] or own
@@ -156,7 +156,7 @@ def shared_order(timed_by_batch: dict[int, list[Timed]]) -> tuple:
     batches = sorted(timed_by_batch)
     free = {batch: min(timed_by_batch[batch], key=lambda t: t.score) for batch in batches}
     orders = {t.tactic.summation_order for found in timed_by_batch.values() for t in found
-              if t.tactic.invariance_verified}
+              if not t.tactic.weight_as_b}
     best = {(batch, order): pick for batch in batches for order in orders  # what a table with that order ships
             if (pick := invariant_pick(timed_by_batch[batch], order, batch)) is not None}
     if not best:
@@ -376,7 +376,7 @@ def tune(shapes, batches, *, weight_dtype=torch.bfloat16, output_dtype=torch.bfl
         streaming = [b for b in batches if activation_rows_for(b) < COMPUTE_BOUND_ROWS]
         winning = {(n, k): set() if (n, k) in pinned_orders else
                    {t.summation_order for t in (tuner.fastest((n, k, b)).tactic for b in streaming)
-                    if t.invariance_verified}
+                    if not t.weight_as_b}
                    for n, k in shapes}
         tuner.run_pass({(n, k, b): order_candidates(n, k, b, gpu, timed=tuner.timed[n, k, b], winning=winning[n, k])
                         for n, k, b in cells}, "tune orders")

@@ -443,7 +443,6 @@ def test_folded_tactics_are_checked():
     assert folded.valid and folded.tile_mnk == (64, 16, 256) and folded.slot_rows == 32 and folded.label.endswith("F2)")
     # A fold of 2 sums in the K slices of a split of 2, in the same order.
     assert folded.summation_order == SplitKTactic(64, 8, 2, 6, k_boxes=4).summation_order == (2, 4)
-    assert folded.invariance_verified
     for bad in (replace(folded, weight_rows=33), replace(folded, split=2), replace(folded, multicast=2),
                 replace(folded, weight_as_b=True), replace(folded, fold=3), replace(folded, activation_rows=256, stages=2)):
         assert not bad.valid, bad
