@@ -154,7 +154,8 @@ def entry(batch, tactic, *, n=2112, k=7168, invariant=False, gpu="NVIDIA H200"):
 
 def test_table_round_trip_and_lookup(tmp_path, monkeypatch):
     path = tmp_path / "h200.json"
-    tables.write_table(path, [entry(1, SplitKTactic(64, 8, 2, 25)), entry(8, SplitKTactic(64, 8, 2, 25)), entry(1, SplitKTactic(128, 8, 4, 13), gpu="NVIDIA H100")],
+    tables.write_table(path, [entry(1, SplitKTactic(64, 8, 2, 25)), entry(8, SplitKTactic(64, 8, 2, 25)),
+                              entry(1, SplitKTactic(128, 8, 4, 13), gpu="NVIDIA H100")],
                        dsl_version="4.8.1", measured="2026-12-02")
     loaded = tables.load_table(path)
     key = tables.TableKey.for_cell(H200, 2112, 7168, weight_dtype=torch.bfloat16, output_dtype=torch.bfloat16,
@@ -181,9 +182,11 @@ def test_table_round_trip_and_lookup(tmp_path, monkeypatch):
 def test_tables_of_your_own_replace_the_shipped_shapes_they_hold(tmp_path, monkeypatch):
     h100 = GpuSpec("NVIDIA H100 80GB HBM3", 132, H200.smem_per_sm, 3.0e6)
     mine, later = tmp_path / "mine.json", tmp_path / "later.json"
-    tables.write_table(mine, [entry(1, SplitKTactic(128, 8, 4, 13), gpu=h100.name), entry(8, SplitKTactic(64, 8, 2, 25))],
+    tables.write_table(mine, [entry(1, SplitKTactic(128, 8, 4, 13), gpu=h100.name),
+                              entry(8, SplitKTactic(64, 8, 2, 25))],
                        dsl_version="4.8.1", measured="2026-12-05")
-    tables.write_table(later, [entry(1, SplitKTactic(64, 16, 2, 20), gpu=h100.name)], dsl_version="4.8.1", measured="2026-12-05")
+    tables.write_table(later, [entry(1, SplitKTactic(64, 16, 2, 20), gpu=h100.name)], dsl_version="4.8.1",
+                       measured="2026-12-05")
 
     def resolved(gpu, batches=(1, 8, 16)):
         return resolve_policies(2112, 7168, batches, gpu=gpu, weight_dtype=torch.bfloat16,
@@ -212,7 +215,8 @@ def test_tables_of_your_own_replace_the_shipped_shapes_they_hold(tmp_path, monke
 
 def test_batch_invariant_table_fixes_the_split_for_uncovered_batches(monkeypatch, tmp_path):
     path = tmp_path / "inv.json"
-    tables.write_table(path, [entry(1, SplitKTactic(64, 8, 2, 25), invariant=True)], dsl_version="4.8.1", measured="2026-12-02")
+    tables.write_table(path, [entry(1, SplitKTactic(64, 8, 2, 25), invariant=True)], dsl_version="4.8.1",
+                       measured="2026-12-02")
     monkeypatch.setattr(tables, "shipped_tables", lambda: tables.load_table(path))
     found, sources = resolve_policies(2112, 7168, [1, 3, 100, 256], gpu=H200, weight_dtype=torch.bfloat16,
                                       output_dtype=torch.bfloat16, batch_invariant=True)
@@ -226,7 +230,8 @@ def test_batch_invariant_table_fixes_the_split_for_uncovered_batches(monkeypatch
 
 def test_batch_invariant_table_with_two_splits_is_refused(tmp_path):
     path = tmp_path / "mixed.json"
-    tables.write_table(path, [entry(1, SplitKTactic(64, 8, 2, 25), invariant=True), entry(8, SplitKTactic(64, 8, 4, 12), invariant=True)],
+    tables.write_table(path, [entry(1, SplitKTactic(64, 8, 2, 25), invariant=True),
+                              entry(8, SplitKTactic(64, 8, 4, 12), invariant=True)],
                        dsl_version="4.8.1", measured="2026-12-02")
     with pytest.raises(ValueError, match="mixes summation orders"):
         tables.load_table(path)
@@ -254,7 +259,8 @@ def test_stale_table_entry_fails_loudly(tmp_path):
             path.write_text(json.dumps({"format": version, "entries": [bad]}))
             with pytest.raises(ValueError, match="bad.json: entry"):
                 tables.load_table(path)
-    for broken in (b'{"format": 2, "entries": [', b"\xff\xfe not text", b'{"format": 2, "entries": [' + b"9" * 5000 + b"]}"):
+    too_long = b'{"format": 2, "entries": [' + b"9" * 5000 + b"]}"  # past Python's digits for an int
+    for broken in (b'{"format": 2, "entries": [', b"\xff\xfe not text", too_long):
         path.write_bytes(broken)
         with pytest.raises(ValueError, match="bad.json: not a JSON table"):
             tables.load_table(path)

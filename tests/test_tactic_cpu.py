@@ -29,7 +29,8 @@ def test_a_tactic_round_trips_through_its_field_names_and_its_label(tactic):
 def test_left_out_fields_take_their_defaults():
     assert SplitKTactic.from_dict({"weight_rows": 64, "activation_rows": 8, "split": 2, "stages": 4}) == \
         SplitKTactic(64, 8, 2, 4)
-    assert SplitKTactic.from_label("(64,8,2,4)") == SplitKTactic.from_label("64,8,2,4,1,1,1") == SplitKTactic(64, 8, 2, 4)
+    assert SplitKTactic.from_label("(64,8,2,4)") == SplitKTactic.from_label("64,8,2,4,1,1,1") == \
+        SplitKTactic(64, 8, 2, 4)
     assert SplitKTactic.from_label("(28,8,1,5,4,1,1,E,F2)") == SplitKTactic(28, 8, 1, 5, k_boxes=4,
                                                                            dependents_at_start=True, fold=2)
     # The tuples of explicit policies, in field order, and the lists of older tables.
