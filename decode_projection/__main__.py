@@ -203,7 +203,7 @@ def tune(args):
     pinned = {}
     if SHIPPED_ORDERS in args.invariant_order:
         gpu = gpu_spec(torch.cuda.current_device())
-        pinned = invariant_orders(gpu.name, gpu.sm_count, args.shape, weight_dtype, output_dtype)
+        pinned = invariant_orders(gpu, args.shape, weight_dtype, output_dtype)
         kept = ", ".join(f"{n}x{k}={split},{boxes}" for (n, k), (split, boxes) in pinned.items())
         print(f"the shipped batch-invariant orders: {kept or 'none for these shapes'}")
     pinned.update(order for order in args.invariant_order if order != SHIPPED_ORDERS)

@@ -123,7 +123,7 @@ def bench_shape(n, k, batches, kinds, *, weight_dtype, output_dtype, progress, c
         for context in contexts:
             for label, (projections, sources) in prepared.items():
                 tactic = projections[0].policies[batch]
-                cells.append(Cell(n, k, batch, label, sources[batch], tuple(asdict(tactic).values()),
+                cells.append(Cell(n, k, batch, label, sources[batch], tactic,
                                   times[context, label], times[context, CUBLAS], ceilings[context],
                                   outs[0].element_size(), context))
                 progress.update()

@@ -44,10 +44,10 @@ from .policies import (
     activation_rows_for, activation_tile_choices, covering_rows, ctas_per_sm, default_tactic, largest_split,
     predicted_time_us, waves,
 )
+from .sm90 import PORTABLE_CLUSTER, RESERVED_SMEM_PER_CTA, WGMMA_ROWS
 from .tactic import (
-    ACTIVATION_ROWS_AS_A, BARRIER_BYTES, FOLDS, K_BOXES, MOST_PARTIALS_OF_FOUR_GROUPS, MULTICASTS, PORTABLE_CLUSTER,
-    RESERVED_SMEM_PER_CTA, SPLITS, WEIGHT_ROWS,
-    WEIGHT_ROWS_AS_A, WEIGHT_ROWS_AS_B, WGMMA_ROWS, SplitKTactic, max_stages,
+    ACTIVATION_ROWS_AS_A, BARRIER_BYTES, FOLDS, K_BOXES, MOST_PARTIALS_OF_FOUR_GROUPS, MULTICASTS, SPLITS, WEIGHT_ROWS,
+    WEIGHT_ROWS_AS_A, WEIGHT_ROWS_AS_B, SplitKTactic, max_stages,
 )
 
 WIDE_STAGE_CANDIDATES = 4  # slots for 2- and 4-box variants of the best one-box tactics
@@ -97,10 +97,10 @@ def pool_tactics(k: int, batch: int, gpu: GpuSpec = H200, *, order=None) -> set[
         for rows in [r for r in WEIGHT_ROWS if r in HEURISTIC_WEIGHT_ROWS or acts >= COMPUTE_BOUND_ROWS]:
             for s in splits:
                 for resident in range(1, MOST_CTAS_PER_SM + 1):
-                    probe = SplitKTactic(rows, acts, s, 1, k_boxes)
+                    probe = SplitKTactic(rows, acts, s, 1, k_boxes=k_boxes)
                     budget = gpu.smem_per_sm // resident - RESERVED_SMEM_PER_CTA - BARRIER_BYTES
                     stages = min(max_stages(rows, acts, s, k_boxes), budget // probe.stage_bytes)
-                    tactic = SplitKTactic(rows, acts, s, stages, k_boxes)
+                    tactic = SplitKTactic(rows, acts, s, stages, k_boxes=k_boxes)
                     if stages >= MIN_STAGES and tactic.valid:
                         pool.add(tactic)
     return pool
@@ -184,9 +184,9 @@ def folded_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, order=None) 
     for boxes in reversed(K_BOXES):
         for fold in sorted(FOLDS[1:], reverse=True):
             stages = max_stages(rows, acts, 1, boxes, fold=fold)
-            tactic = SplitKTactic(rows, acts, 1, stages, boxes, fold=fold)
+            tactic = SplitKTactic(rows, acts, 1, stages, k_boxes=boxes, fold=fold)
             # Two stages of 4 boxes ran 3x slower on the H200 (42 against 15 us at M=64): one stage in flight.
-            if tactic.valid and tactic.stages >= MIN_STAGES and math.ceil(math.ceil(k / tactic.tile_k) / fold) >= 2:
+            if tactic.valid and tactic.stages >= MIN_STAGES and tactic.k_slice(k, rank=0).stages >= 2:
                 found.append(tactic)
     return [t for t in found if order is None or t.summation_order == tuple(order)]
 
@@ -215,7 +215,7 @@ def shared_weight_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> li
             if SplitKTactic(rows, acts, split, 2, weight_as_b=True).reallocates_registers:
                 whole = math.lcm(load_rows, 16)  # wgmma N, halved where registers are reallocated, is 8k
                 rows = whole * math.ceil(rows / whole)
-            tactic = SplitKTactic(rows, acts, split, max_stages(rows, acts, split, weight_as_b=True), 1, sharers,
+            tactic = SplitKTactic(rows, acts, split, max_stages(rows, acts, split, weight_as_b=True), multicast=sharers,
                                   weight_as_b=True)
             if rows <= rows_cap and tactic.stages >= MIN_STAGES and tactic.valid:
                 found.append(tactic)
@@ -252,10 +252,8 @@ def fits_like(tactic: SplitKTactic, base: SplitKTactic, n: int, batch: int, gpu:
 
 
 def fills_every_rank(tactic: SplitKTactic, k: int) -> bool:
-    """Every split rank gets at least two stages of K (the last one included)."""
-    tiles = math.ceil(k / tactic.tile_k)
-    per_rank = math.ceil(tiles / tactic.split)
-    return tiles >= 2 * tactic.split and (tactic.split - 1) * per_rank < tiles
+    """The split ranks get two stages of K each on average, and the last one gets some."""
+    return tactic.k_tiles(k) >= 2 * tactic.split and tactic.k_slice(k, tactic.split - 1).stages > 0
 
 
 def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):

@@ -118,8 +118,9 @@ def writable_cache_dir():
 
 
 def codegen_sources() -> list:
-    """The files of every module of this package that compiling the kernel imports, transitively."""
-    found, pending = set(), [COMPILING_MODULE]
+    """The files of every module of this package that compiling the kernel imports, transitively (the package's
+    ``__init__`` runs first, whatever is imported)."""
+    found, pending = set(), [COMPILING_MODULE, "__init__"]
     while pending:
         module = pending.pop()
         if module not in found:

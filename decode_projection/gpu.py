@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .tactic import PORTABLE_CLUSTER, SMEM_PER_SM
+from .sm90 import PORTABLE_CLUSTER, SMEM_PER_SM
 
 logger = logging.getLogger(__name__)
 

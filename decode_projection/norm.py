@@ -141,8 +141,11 @@ class RMSNorm:
         # Butterfly: at each step both lanes of a pair add the same two values, so every lane ends with the same sum.
         value = cute.arch.warp_reduction_sum(value)
         partials = SmemAllocator().allocate_tensor(cutlass.Float32, cute.make_layout(warps), byte_alignment=16)
+        # warp_idx() is a shfl.sync over the whole warp: every lane must run it, so outside the lane-0 branch
+        # (inside it, lane 0 waits for lanes parked at the barrier below: a deadlock).
+        warp = cute.arch.warp_idx()
         if cute.arch.lane_idx() == 0:
-            partials[cute.arch.make_warp_uniform(cute.arch.warp_idx())] = value
+            partials[warp] = value
         cute.arch.barrier()
         total = partials[0]
         for w in cutlass.range_constexpr(1, warps):

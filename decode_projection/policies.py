@@ -16,9 +16,10 @@ import math
 from dataclasses import replace
 
 from .gpu import H200, GpuSpec
-from .tables import TableKey, dtype_name, table_policies, table_summation_order
+from .sm90 import WGMMA_ROWS
+from .tables import TableKey, table_policies, table_summation_order
 from .tactic import (
-    ACTIVATION_ROWS, BOX_K, K_BOXES, WEIGHT_ROWS, WEIGHT_ROWS_AS_B, WGMMA_ROWS, SplitKTactic, as_tactic, max_stages,
+    ACTIVATION_ROWS, BOX_K, K_BOXES, WEIGHT_ROWS, WEIGHT_ROWS_AS_B, SplitKTactic, as_tactic, max_stages,
     resident_ctas,
 )
 
@@ -81,13 +82,13 @@ def default_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, batch_inv
     # Wide stages took these picks from 1.09x the best timed tactic to 1.06x (v39: 32 of 32 changed cells
     # faster); under batch invariance they would sum in an order that depends on the batch.
     boxes = 1 if batch_invariant else streaming_boxes(rows, acts, split, k)
-    return as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split, boxes), boxes))
+    return as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split, boxes), k_boxes=boxes))
 
 
 def streaming_boxes(rows: int, acts: int, split: int, k: int) -> int:
     """TMA boxes of K per stage: the most that fit STREAMING_STAGE_BYTES and leave each rank MIN_STAGES loads."""
     return next(boxes for boxes in sorted(K_BOXES, reverse=True)
-                if boxes == 1 or (SplitKTactic(rows, acts, split, 1, boxes).stage_bytes <= STREAMING_STAGE_BYTES
+                if boxes == 1 or (SplitKTactic(rows, acts, split, 1, k_boxes=boxes).stage_bytes <= STREAMING_STAGE_BYTES
                                   and boxes * BOX_K * MIN_STAGES <= k / split))
 
 
@@ -104,7 +105,7 @@ def filling_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTac
         return None
     acts = activation_rows_for(batch)
     boxes = streaming_boxes(rows, acts, 1, k)
-    tactic = SplitKTactic(rows, acts, 1, max_stages(rows, acts, 1, boxes), boxes)
+    tactic = SplitKTactic(rows, acts, 1, max_stages(rows, acts, 1, boxes), k_boxes=boxes)
     return as_tactic(tactic) if tactic.valid else None
 
 
@@ -122,7 +123,7 @@ def shared_weight_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> Spl
     if not MIN_SHARED_WEIGHT_ROWS <= rows <= WEIGHT_ROWS_AS_B[-1]:
         return None
     acts = ACTIVATION_ROWS[-1] // pairs
-    tactic = SplitKTactic(rows, acts, 1, max_stages(rows, acts, 1, weight_as_b=True), 1, pairs, weight_as_b=True)
+    tactic = SplitKTactic(rows, acts, 1, max_stages(rows, acts, 1, weight_as_b=True), multicast=pairs, weight_as_b=True)
     return as_tactic(tactic) if tactic.valid and waves(tactic, n, batch, gpu) == 1 else None
 
 
@@ -173,7 +174,7 @@ def pinned_tactic(n: int, k: int, batch: int, order, gpu: GpuSpec = H200) -> Spl
     rows_first = [usual] + [rows for rows in WEIGHT_ROWS if rows != usual]
     tiles = [tile for tile in sorted(ACTIVATION_ROWS, reverse=True) if tile <= activation_rows_for(batch)]
     options = [
-        SplitKTactic(rows, tile, split, max_stages(rows, tile, split, k_boxes), k_boxes)
+        SplitKTactic(rows, tile, split, max_stages(rows, tile, split, k_boxes), k_boxes=k_boxes)
         for tile in tiles for rows in rows_first
     ]
     valid = [t for t in options if t.valid]
@@ -207,8 +208,7 @@ def predicted_time_us(n: int, k: int, batch: int, tactic: SplitKTactic, gpu: Gpu
     # Every CTA reads its K slice of the activation tile: per weight tile, all of K.
     act_us = n_tiles * m_tiles * tactic.activation_rows * k * 2 / l2_bytes_per_us
     # The busiest SM runs one CTA's MMAs per wave of one CTA per SM, one wave after another.
-    k_tiles_per_cta = math.ceil(math.ceil(k / tactic.tile_k) / (tactic.split * tactic.fold))
-    cta_flops = 2 * math.prod(tactic.tile_mnk) * k_tiles_per_cta
+    cta_flops = 2 * math.prod(tactic.tile_mnk) * tactic.k_slice(k, rank=0).stages
     compute_us = waves(tactic, n, batch, gpu) * cta_flops / SM_FLOPS_PER_US
     extra_waves = waves(tactic, n, batch, gpu, per_sm) - 1
     reduction = reduce_us if tactic.split > 1 else 0.0
@@ -227,8 +227,7 @@ def activation_tile_choices(batch: int) -> list[int]:
 
 def grid_ctas(tactic: SplitKTactic, n: int, batch: int) -> int:
     """CTAs of ``tactic``'s grid, the tiles that share loads rounded up to whole multicast groups."""
-    weight_groups = math.ceil(math.ceil(n / tactic.weight_rows) / tactic.activation_sharers)
-    return weight_groups * tactic.activation_sharers * tactic.split * tactic.grid_rows(batch)
+    return tactic.grid_columns(n) * tactic.grid_rows(batch)
 
 
 def waves(tactic: SplitKTactic, n: int, batch: int, gpu: GpuSpec = H200, per_sm: int = 1) -> float:
@@ -246,8 +245,8 @@ def resolve_policies(n, k, batches, *, gpu: GpuSpec, weight_dtype, output_dtype,
     batches = tuple(batches)  # read three times below: a generator would be spent after the first
     tuned, order = {}, None
     if use_tables:
-        key = TableKey(gpu.name, gpu.sm_count, n, k, dtype_name(weight_dtype), dtype_name(output_dtype),
-                       batch_invariant)
+        key = TableKey.for_cell(gpu, n, k, weight_dtype=weight_dtype, output_dtype=output_dtype,
+                                batch_invariant=batch_invariant)
         tuned = table_policies(key, batches)
         # A batch-invariant table fixes the summation order for every batch, covered or not.
         order = table_summation_order(key)

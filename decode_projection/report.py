@@ -2,7 +2,9 @@
 
 Every table, summary line and plot panel is of one launch context (``timing.CONTEXTS``).
 Saved runs (``--json``) re-render without a GPU (``bench --from-json``), and
-``scripts/speed_bars.py`` judges them against the speed issue's bars.
+``scripts/speed_bars.py`` judges them against the speed issue's bars. A saved run
+stores each cell's tactic by field name (format 2); runs saved before, with no
+format and each tactic a list of its fields in order, still read.
 """
 
 import csv
@@ -11,8 +13,11 @@ import json
 from dataclasses import asdict, replace
 
 from .bench import Cell
-from .tactic import as_tactic
+from .tactic import stored_tactic
 from .timing import CHAIN, CONTEXTS, GLUE, geometric_mean
+
+FORMAT = 2  # of saved runs: tactics by field name
+READABLE_FORMATS = (1, 2)  # 1: no "format" key, tactics as lists of their fields
 
 
 def format_tables(cells) -> str:
@@ -33,7 +38,7 @@ def format_tables(cells) -> str:
             for c in shape_cells:
                 mark = "" if c.source == "table" else "*"
                 of_ceiling = "-" if c.of_ceiling is None else f"{c.of_ceiling:.1%}"
-                lines.append(f"{c.batch:>5} {c.policy + mark:>15} {as_tactic(c.tactic).label:>20} "
+                lines.append(f"{c.batch:>5} {c.policy + mark:>15} {stored_tactic(c.tactic).label:>20} "
                              f"{c.us:8.2f} {c.cublas_us:9.2f} {c.tbps:6.2f} {of_ceiling:>7} {c.speedup:6.2f}x")
     lines.append("")
     for context in contexts:
@@ -72,10 +77,10 @@ def format_markdown(cells, batches=(1, 16, 64, 256), policy="tuned", context=CHA
     return "\n".join(lines)
 
 
-def cell_dicts(cells):
-    """Flat dicts for CSV/JSON."""
+def cell_dicts(cells, *, tactic_as=lambda tactic: tactic.to_dict()):
+    """Flat dicts for CSV/JSON, each cell's tactic as ``tactic_as`` gives it (by default its fields by name)."""
     return [
-        {**asdict(c), "tactic": list(c.tactic), "tbps": round(c.tbps, 3),
+        {**asdict(c), "tactic": tactic_as(stored_tactic(c.tactic)), "tbps": round(c.tbps, 3),
          "of_ceiling": None if c.of_ceiling is None else round(c.of_ceiling, 4), "speedup": round(c.speedup, 3)}
         for c in cells
     ]
@@ -101,14 +106,17 @@ def load_json(path):
     rows = document.get("cells") if isinstance(document, dict) else None
     if not rows or not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
         raise ValueError(f"{path}: not a saved benchmark run (it needs a non-empty list of cells)")
+    found = document.get("format", 1)
+    if type(found) is not int or found not in READABLE_FORMATS:
+        raise ValueError(f"{path}: saved run format {found!r}, expected one of {READABLE_FORMATS}")
     fields = set(Cell.__dataclass_fields__)
     cells = [Cell(**{key: value for key, value in row.items() if key in fields}) for row in document_cells(document)]
-    return [replace(c, tactic=tuple(c.tactic)) for c in cells], document["meta"]
+    return [replace(c, tactic=stored_tactic(c.tactic)) for c in cells], document["meta"]
 
 
 def write_csv(path, cells):
     """All cells as CSV."""
-    data = cell_dicts(cells)
+    data = cell_dicts(cells, tactic_as=lambda tactic: tactic.label)  # one column, as the tables print it
     with open(path, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(data[0]))
         writer.writeheader()
@@ -118,7 +126,7 @@ def write_csv(path, cells):
 def write_json(path, cells, meta):
     """All cells and the run's metadata as JSON (gzipped where the path ends in ``.gz``)."""
     with (gzip.open if str(path).endswith(".gz") else open)(path, "wt") as handle:
-        json.dump({"meta": meta, "cells": cell_dicts(cells)}, handle, indent=1)
+        json.dump({"format": FORMAT, "meta": meta, "cells": cell_dicts(cells)}, handle, indent=1)
 
 
 def plot(path, cells, title):

@@ -78,7 +78,8 @@ from cutlass._mlir import ir
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.experimental.primitives import nvvm_wrapper as nvvm
 
-from .tactic import BOX_K, PRODUCER_REGISTERS, WGMMA_ROWS, SplitKTactic, as_tactic
+from .sm90 import WGMMA_ROWS
+from .tactic import BOX_K, PRODUCER_REGISTERS, SplitKTactic, as_tactic
 
 # TMA L2 cache-policy descriptors (createpolicy.fractional, fraction 1.0).
 EVICT_FIRST = 0x12F0000000000000
@@ -171,15 +172,11 @@ class SplitKGemm:
         )
 
         self.shared_storage = self.shared_storage_type(operand, weight_smem, act_smem)
-        # Whole multicast groups: the tiles past N read zeros, those past M reload the last tile's rows
-        # (activation_origin); neither stores anything.
-        n_groups = cute.ceil_div(cute.ceil_div(weight.shape[0], t.weight_rows), t.activation_sharers)
-        m_groups = cute.ceil_div(cute.ceil_div(activations.shape[0], t.activation_rows), t.weight_sharers)
-        n_tiles, m_tiles = n_groups * t.activation_sharers, m_groups * t.weight_sharers
+        grid = (t.grid_columns(weight.shape[0], cute.ceil_div), t.grid_rows(activations.shape[0], cute.ceil_div), 1)
         self.kernel(
             tiled_mma, act_tma, act_coords, weight_smem, act_smem, act_slots, weight, out, weight_map
         ).launch(
-            grid=(n_tiles * t.split, m_tiles, 1),
+            grid=grid,
             block=(t.threads, 1, 1),
             # A cluster of one CTA is launched as no cluster at all: the cluster launch cost
             # 0.3-0.5 us per launch after glue (docs/performance.md, v17).
@@ -220,17 +217,11 @@ class SplitKGemm:
             # always (docs/performance.md, v21), so the tuner chooses.
             cute.arch.griddepcontrol_launch_dependents()
 
-        # This CTA's contiguous slice of the K tiles; the last ranks may get none.
-        k_tiles = cute.ceil_div(weight.shape[1], t.tile_k)
-        per_rank = cute.ceil_div(k_tiles, t.split)
-        k_begin = rank * per_rank
-        k_count = cutlass.max(cutlass.min(per_rank, k_tiles - k_begin), 0)
-        # Folded (split 1), every stage holds tile i of each K segment: k_begin + i + segment * fold_stride.
-        # The last segments' tiles past K are TMA zero fill, whose products add nothing.
-        fold_stride = 0
-        if cutlass.const_expr(t.fold > 1):
-            fold_stride = cute.ceil_div(k_tiles, t.fold)
-            k_count = fold_stride
+        # This CTA's K tiles: a contiguous slice, the last ranks' possibly empty; folded, stage i holds tile
+        # k_begin + i + segment * fold_stride of each segment (the tiles past K are zero fill and add nothing).
+        k_begin, k_count, fold_stride = t.k_slice(
+            weight.shape[1], rank, ceil_div=cute.ceil_div, minimum=cutlass.min, maximum=cutlass.max
+        )
 
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
         if cutlass.const_expr(t.split > 1):
@@ -477,12 +468,15 @@ class SplitKGemm:
 
     def stages_output(self, out_type) -> bool:
         """Whether the epilogue stages the output tile in shared memory (SplitKGemm.store_staged): unsplit
-        tactics with 16-bit outputs and at least STAGED_STORE_ROWS activation rows, whose padded tile fits
-        in the drained pipeline buffers."""
+        tactics with 16-bit outputs and at least STAGED_STORE_ROWS activation rows."""
         t = self.tactic
-        staged_bytes = t.activation_rows * (t.weight_smem_rows + STAGING_PAD) * 2
-        return (t.split == 1 and out_type.width == 16 and t.activation_rows >= STAGED_STORE_ROWS
-                and staged_bytes <= t.stages * t.stage_bytes)
+        return t.split == 1 and out_type.width == 16 and t.activation_rows >= STAGED_STORE_ROWS
+
+    @property
+    def staging_bytes(self) -> int:
+        """Shared memory of the staged output tile: the drained pipeline buffers, which always hold it for a valid
+        tactic (tests/test_tactic_cpu.py)."""
+        return self.tactic.activation_rows * (self.tactic.weight_smem_rows + STAGING_PAD) * 2
 
     @cute.jit
     def store_staged(self, acc, coords, storage, out, row0, col0, repeated):
@@ -514,7 +508,8 @@ class SplitKGemm:
         for i in cutlass.range_constexpr(math.ceil(chunks / self.consumer_threads)):
             chunk = tidx + i * self.consumer_threads
             m, n = chunk // chunks_per_row, chunk % chunks_per_row * VECTOR
-            # Padding rows of the tile hold no output; neither do chunks past the last.
+            # ``stores``'s mask with its row test made per vector below, written out (calling it changed the SASS);
+            # chunks past the last hold no output. The guarded outputs of tests/test_gpu.py check every store path.
             if chunk < chunks and n < t.weight_rows and col0 + m < cols and m >= repeated:
                 if vectors and row0 + n + VECTOR <= rows:
                     source = cute.make_ptr(out.element_type, base.toint() + (m * pitch + n) * 2,
@@ -554,6 +549,7 @@ class SplitKGemm:
         for i in cutlass.range_constexpr(math.ceil(outputs / self.consumer_threads)):
             index = tidx + i * self.consumer_threads
             n, m = index % t.weight_rows, index // t.weight_rows
+            # ``stores``'s mask, written out (calling it changed the SASS; a folded tile's n is never padding).
             if index < outputs and row0 + n < rows and col0 + m < cols and m >= repeated:
                 total = partials[n, m, 0]
                 for segment in cutlass.range_constexpr(1, t.fold):
@@ -636,8 +632,7 @@ class SplitKGemm:
         # pipeline tiles, and a cluster barrier first waits until no rank still reads its own.
         t = self.tactic
         tidx, _, _ = cute.arch.thread_idx()
-        width, groups = t.reduction_vector, t.reduction_groups
-        per_rank = math.ceil(groups / t.split)
+        width, groups, per_rank = t.reduction_vector, t.reduction_groups, t.reduction_groups_per_rank
         buffer = cute.recast_ptr(storage.weight_tiles.data_ptr(), dtype=cutlass.Float32)
         if cutlass.const_expr(t.reduction_buffered):
             buffer = storage.partials.data_ptr()

@@ -10,11 +10,18 @@ it, so a tactic accepted anywhere can be built and launched.
 """
 
 import math
-from dataclasses import dataclass, fields
+import re
+from collections.abc import Mapping
+from dataclasses import KW_ONLY, dataclass, fields
+from typing import Any, NamedTuple
+
+from .sm90 import (
+    MOST_WGMMA_COLUMNS, PORTABLE_CLUSTER, QUARTER_REGISTERS, RESERVED_SMEM_PER_CTA, SMEM_CAPACITY, SMEM_PER_SM,
+    WGMMA_ROWS,
+)
 
 BOX_K = 64  # K of one TMA box: 64 16-bit elements = one 128-byte swizzle row
 K_BOXES = (1, 2, 4)  # boxes per stage along K: 128, 256 or 512 contiguous bytes of each weight row
-WGMMA_ROWS = 64  # rows of A (the weight, or the activations) per consumer warpgroup: wgmma M
 WEIGHT_ROWS = (64, 128, 192)  # whole tiles of one to three consumer warpgroups (the heuristic's and pinned orders')
 # With the weight as A a tile may also hold any multiple of 8 rows up to three warpgroups: its shared-memory
 # tile is rounded up to whole 64-row warpgroup tiles, whose rows past the TMA box are never loaded and whose
@@ -31,7 +38,7 @@ COLUMN_GROUPS = (1, 2)
 # tiles of any wgmma N (a multiple of 8 up to 256, also the TMA box's limit). A tile of 192 or 256
 # activation rows reads each weight byte into one CTA only, as the weight as A does.
 ACTIVATION_ROWS_AS_A = (64, 128, 192, 256)
-WEIGHT_ROWS_AS_B = tuple(range(8, 257, 8))
+WEIGHT_ROWS_AS_B = tuple(range(8, MOST_WGMMA_COLUMNS + 1, 8))
 # wgmma N. 48, 96 and 192 fit padded decode batches exactly: a 128- or 256-row tile
 # taller than the batch (rows past M are TMA zero-fill) measured up to 1.6x slower.
 ACTIVATION_ROWS = (8, 16, 32, 48, 64, 96, 128, 192, 256)
@@ -49,20 +56,32 @@ SPLITS = tuple(range(1, 9))  # 3, 5, 6 and 7 too: clusters need not be powers of
 # its rows (a cluster of two 128-row activation tiles reads each weight byte from L2 once, cuBLAS's shape at M=256).
 # Three share only a weight tile: three 64-row activation tiles cover M=192.
 MULTICASTS = (1, 2, 3, 4)
-PORTABLE_CLUSTER = 8  # CTAs a cluster (split x multicast) may hold without the non-portable attribute
-SMEM_CAPACITY = 227 * 1024  # sm_90 opt-in shared memory per block
-SMEM_PER_SM = 228 * 1024  # sm_90 shared memory per SM, shared by its resident CTAs
-RESERVED_SMEM_PER_CTA = 1024  # what the driver keeps per resident CTA on sm_90
-# Each quarter of an SM has 16384 registers for one warp of every warpgroup; a launch gives every thread an even
-# share (rounded down to 8). Where the consumers' accumulators outgrow it, a producer warpgroup keeps
-# PRODUCER_REGISTERS and hands the rest of the CTA's registers to the consumer warpgroups (setmaxnreg, which
-# waits for registers the CTA holds): 32 + 3 x 160 = 4 x 128 for three, 32 + 4 x 112 = 5 x 96 for four.
-QUARTER_REGISTERS = 16384
+# A launch gives every thread an even share of its SM quarter's QUARTER_REGISTERS (rounded down to 8). Where the
+# consumers' accumulators outgrow it, a producer warpgroup keeps PRODUCER_REGISTERS and hands the rest of the CTA's
+# registers to the consumer warpgroups (setmaxnreg, which waits for registers the CTA holds): 32 + 3 x 160 =
+# 4 x 128 for three, 32 + 4 x 112 = 5 x 96 for four.
 PRODUCER_REGISTERS = 32
 # Accumulators per thread that four consumer warpgroups of 112 registers hold without spilling: 160 weight rows
 # as B compiled clean for sm_90a, 176 spilled ~270 local-memory instructions.
 MOST_PARTIALS_OF_FOUR_GROUPS = 80
 BARRIER_BYTES = 1024  # mbarriers, rounded up to the 1024-byte tile alignment
+POSITIONAL_FIELDS = 4  # the tile, the split and the stages; the fields after them are given by name
+# A label: the numbers, then B (the weight as wgmma's B), E (dependents let in at the start), F and the fold.
+_LABEL = re.compile(r"(?P<open>\()?(?P<numbers>\d+(?:,\d+){3,6})"
+                    r"(?P<weight_as_b>,B)?(?P<early>,E)?(?:,F(?P<fold>\d+))?(?(open)\))")
+
+
+def ceil_div(dividend, divisor):
+    """How many ``divisor``-sized pieces cover ``dividend`` (Python integers)."""
+    return -(-dividend // divisor)
+
+
+class KSlice(NamedTuple):
+    """The K tiles one CTA consumes, one pipeline stage each: Python integers, or the kernel's."""
+
+    first: Any  # the first K tile of this split rank's slice
+    stages: Any  # stages the CTA consumes: the slice's K tiles (none for ranks past the end of K)
+    fold_stride: Any  # folded, K tiles between a stage's segments (0 unfolded)
 
 
 @dataclass(frozen=True)
@@ -77,12 +96,50 @@ class SplitKTactic:
     activation_rows: int
     split: int
     stages: int
+    _: KW_ONLY
     k_boxes: int = 1
     multicast: int = 1
     column_groups: int = 1
     weight_as_b: bool = False
     dependents_at_start: bool = False
     fold: int = 1
+
+    def to_dict(self) -> dict:
+        """Every field by name: how tables and saved runs store a tactic."""
+        return {field.name: getattr(self, field.name) for field in fields(self)}
+
+    @classmethod
+    def from_dict(cls, named: Mapping) -> "SplitKTactic":
+        """The tactic ``to_dict`` gave (fields left out take their defaults), not yet checked (``as_tactic``)."""
+        if not isinstance(named, Mapping):
+            raise TypeError(f"a tactic by field name is a mapping, not {type(named).__name__}")
+        unknown = sorted(set(named) - {field.name for field in fields(cls)})
+        missing = [field.name for field in fields(cls)[:POSITIONAL_FIELDS] if field.name not in named]
+        if unknown or missing:
+            raise ValueError(f"tactic {dict(named)} has unknown fields {unknown} or lacks {missing}")
+        return cls(**named)
+
+    @classmethod
+    def from_positions(cls, values) -> "SplitKTactic":
+        """A tactic from its fields in declaration order, the trailing ones optional: the tuples of explicit
+        policies, and the lists tables and saved runs held before they stored fields by name. Not yet checked."""
+        names = [field.name for field in fields(cls)]
+        if not POSITIONAL_FIELDS <= len(values) <= len(names):
+            raise ValueError(f"a tactic has {POSITIONAL_FIELDS} to {len(names)} fields in order, got {tuple(values)}")
+        return cls(**dict(zip(names, values)))
+
+    @classmethod
+    def from_label(cls, label: str) -> "SplitKTactic":
+        """The tactic ``label`` names, parentheses optional; numbers after the stages may be left out where
+        they are 1."""
+        match = _LABEL.fullmatch(label.strip())
+        if match is None:
+            raise ValueError(f"{label!r} is not a tactic label such as (64,8,1,8,1,1,1,B,E,F2)")
+        numbers = [int(number) for number in match["numbers"].split(",")]
+        names = [field.name for field in fields(cls)][:len(numbers)]
+        fold = int(match["fold"]) if match["fold"] else 1
+        return cls(**dict(zip(names, numbers)), weight_as_b=bool(match["weight_as_b"]),
+                   dependents_at_start=bool(match["early"]), fold=fold)
 
     @property
     def label(self) -> str:
@@ -92,12 +149,6 @@ class SplitKTactic:
                    self.column_groups]
         flags = ["B"] * self.weight_as_b + ["E"] * self.dependents_at_start + [f"F{self.fold}"] * (self.fold > 1)
         return "(" + ",".join(map(str, numbers + flags)) + ")"
-
-    @property
-    def invariance_verified(self) -> bool:
-        """True where the GPU tests verify batch invariance: the weight as wgmma's A (whole warpgroup tiles,
-        and tiles padded to them or folded, which sum every output as the whole tile of their order does)."""
-        return not self.weight_as_b
 
     @property
     def activation_sharers(self) -> int:
@@ -126,8 +177,9 @@ class SplitKTactic:
         Kept whole even at split 1 (where the stage width should not change the
         order): batch invariance is only claimed for what the GPU tests verify.
         For the same reason the weight as wgmma's B is an order of its own (a
-        third entry): the tests verify invariance with the weight as A. A fold of F sums each output
-        in the K slices of a split of F, adding them in the same order: it is that split's order.
+        third entry): the tests verify invariance with the weight as A only, whose padded tiles sum every output
+        as the whole tile does. A fold of F sums each output in the K slices of a split of F, adding them in the
+        same order: it is that split's order.
         """
         if self.weight_as_b:
             return (self.split, self.k_boxes, "weight as B")
@@ -194,7 +246,8 @@ class SplitKTactic:
 
     @property
     def fold_bytes(self) -> int:
-        """Shared memory the folded epilogue sums its FP32 segment partials in; it reuses the pipeline buffers."""
+        """Shared memory the folded epilogue sums its FP32 segment partials in: the drained pipeline buffers, which
+        always hold them where the fold rules hold (tests/test_tactic_cpu.py)."""
         return self.weight_smem_rows * self.activation_rows * 4 if self.fold > 1 else 0
 
     @property
@@ -215,6 +268,11 @@ class SplitKTactic:
     def reduction_groups(self) -> int:
         """Vectors of ``reduction_vector`` accumulators each consumer thread hands over."""
         return self.partials_per_thread // self.reduction_vector
+
+    @property
+    def reduction_groups_per_rank(self) -> int:
+        """Vectors each rank owns at most (vector g is rank g % split's): a slot's depth in the reduction's buffer."""
+        return ceil_div(self.reduction_groups, self.split)
 
     @property
     def keeps_own_partials(self) -> bool:
@@ -241,8 +299,8 @@ class SplitKTactic:
         buffers'."""
         if self.split == 1:
             return 0
-        per_rank = math.ceil(self.reduction_groups / self.split)
-        return self.reduction_slots * per_rank * self.reduction_vector * 128 * self.consumer_groups * 4
+        return (self.reduction_slots * self.reduction_groups_per_rank * self.reduction_vector * 128
+                * self.consumer_groups * 4)
 
     @property
     def reduction_buffered(self) -> bool:
@@ -257,9 +315,36 @@ class SplitKTactic:
         buffered = pipeline + self.reduction_bytes
         return buffered <= SMEM_CAPACITY and resident_ctas(buffered) == resident_ctas(pipeline)
 
-    def grid_rows(self, batch: int) -> int:
-        """Activation tiles of the launch grid (its y) for ``batch``: whole groups of weight sharers."""
-        return math.ceil(math.ceil(batch / self.activation_rows) / self.weight_sharers) * self.weight_sharers
+    def grid_columns(self, n, ceil_div=ceil_div):
+        """CTAs along the launch grid's x for ``n`` weight rows: each weight tile's ``split`` ranks, the tiles in
+        whole groups of activation sharers (those past N read zeros and store nothing). Python integers, or the
+        kernel's with its ``ceil_div``."""
+        weight_groups = ceil_div(ceil_div(n, self.weight_rows), self.activation_sharers)
+        return weight_groups * self.activation_sharers * self.split
+
+    def grid_rows(self, batch, ceil_div=ceil_div):
+        """Activation tiles of the launch grid (its y) for ``batch``: whole groups of weight sharers (those past the
+        batch reload the last tile's rows and store nothing). Python integers, or the kernel's with its ``ceil_div``."""
+        return ceil_div(ceil_div(batch, self.activation_rows), self.weight_sharers) * self.weight_sharers
+
+    def k_tiles(self, k, ceil_div=ceil_div):
+        """Pipeline stages' worth of K (``tile_k`` columns each) in a weight of ``k`` columns, the last one partial
+        (TMA zero fill past K)."""
+        return ceil_div(k, self.tile_k)
+
+    def k_slice(self, k, rank, *, ceil_div=ceil_div, minimum=min, maximum=max) -> KSlice:
+        """The K tiles split rank ``rank`` consumes of a weight of ``k`` columns: a contiguous slice of
+        ceil(K tiles / split), the last ranks' shorter or empty. Folded (split 1), stage i holds K tile i of every
+        segment, segment s at s * the fold stride; the last segments' tiles past K are TMA zero fill. Python
+        integers, or the kernel's with its ``ceil_div``, ``minimum`` and ``maximum``."""
+        k_tiles = self.k_tiles(k, ceil_div)
+        per_rank = ceil_div(k_tiles, self.split)
+        first = rank * per_rank
+        stages = maximum(minimum(per_rank, k_tiles - first), 0)
+        if self.fold > 1:
+            fold_stride = ceil_div(k_tiles, self.fold)
+            return KSlice(first, fold_stride, fold_stride)
+        return KSlice(first, stages, 0)
 
     @property
     def smem_bytes(self) -> int:
@@ -324,8 +409,6 @@ class SplitKTactic:
                 f"split-K reduction needs {self.reduction_bytes} B, more than the "
                 f"{self.stages * self.stage_bytes} B of pipeline buffers it reuses"
             )
-        if self.fold_bytes > self.stages * self.stage_bytes:
-            found.append(f"folded epilogue needs {self.fold_bytes} B, more than the pipeline buffers it reuses")
         return found
 
     @property
@@ -339,10 +422,23 @@ def resident_ctas(smem_bytes: int, smem_per_sm: int = SMEM_PER_SM) -> int:
     return max(1, smem_per_sm // (smem_bytes + RESERVED_SMEM_PER_CTA))
 
 
+def stored_tactic(value) -> SplitKTactic:
+    """A SplitKTactic from a tactic, its fields by name (``to_dict``) or in order (``from_positions``), unchecked:
+    what a table or a saved run holds, which may name tactics the kernel no longer takes."""
+    if isinstance(value, SplitKTactic):
+        return value
+    if isinstance(value, Mapping):
+        return SplitKTactic.from_dict(value)
+    if isinstance(value, (list, tuple)):
+        return SplitKTactic.from_positions(value)
+    raise TypeError(f"a tactic is a SplitKTactic, a dict of its fields or a tuple of them, not {value!r}")
+
+
 def as_tactic(tactic) -> SplitKTactic:
-    """A SplitKTactic from a tactic or a (weight rows, activation rows, split, stages[, k boxes[, multicast[,
-    column groups[, weight as b[, dependents at start[, fold]]]]]]) tuple."""
-    tactic = tactic if isinstance(tactic, SplitKTactic) else SplitKTactic(*tactic)
+    """A SplitKTactic the kernel takes, from a tactic, a dict of its fields or a tuple of them in order
+    (weight rows, activation rows, split, stages[, k boxes[, multicast[, column groups[, weight as b[,
+    dependents at start[, fold]]]]]]); a ValueError says why not."""
+    tactic = stored_tactic(tactic)
     problems = tactic.problems()
     if problems:
         raise ValueError(f"invalid split-K tactic {tactic}: {'; '.join(problems)}")
@@ -352,5 +448,5 @@ def as_tactic(tactic) -> SplitKTactic:
 def max_stages(weight_rows: int, activation_rows: int, split: int, k_boxes: int = 1, *, weight_as_b=False,
                fold=1) -> int:
     """The deepest pipeline that fits in shared memory (``weight_as_b``: the weight tile is not padded)."""
-    probe = SplitKTactic(weight_rows, activation_rows, split, 1, k_boxes, weight_as_b=weight_as_b, fold=fold)
+    probe = SplitKTactic(weight_rows, activation_rows, split, 1, k_boxes=k_boxes, weight_as_b=weight_as_b, fold=fold)
     return (SMEM_CAPACITY - BARRIER_BYTES) // probe.stage_bytes

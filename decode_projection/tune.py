@@ -148,7 +148,7 @@ def invariant_pick(found: list[Timed], order: tuple, batch: int) -> Timed | None
     """What a batch-invariant table summing in ``order`` ships for a cell: the best score among the
     order's tactics that stay within INVARIANT_EXCESS of the cell's best in every context at a streaming
     batch (the allowance is judged as the benchmark reads it, context by context), else among all of them."""
-    own = [t for t in found if t.tactic.invariance_verified and t.tactic.summation_order == order]
+    own = [t for t in found if not t.tactic.weight_as_b and t.tactic.summation_order == order]
     if own and activation_rows_for(batch) < COMPUTE_BOUND_ROWS:
         fastest = min(found, key=lambda t: t.score)
         own = [t for t in own if t.excess_over(fastest) <= INVARIANT_EXCESS] or own
@@ -166,7 +166,7 @@ def shared_order(timed_by_batch: dict[int, list[Timed]]) -> tuple:
     batches = sorted(timed_by_batch)
     free = {batch: min(timed_by_batch[batch], key=lambda t: t.score) for batch in batches}
     orders = {t.tactic.summation_order for found in timed_by_batch.values() for t in found
-              if t.tactic.invariance_verified}
+              if not t.tactic.weight_as_b}
     best = {(batch, order): pick for batch in batches for order in orders  # what a table with that order ships
             if (pick := invariant_pick(timed_by_batch[batch], order, batch)) is not None}
     if not best:
@@ -209,7 +209,7 @@ def entry(n, k, batch, winner: Timed, *, gpu, batch_invariant, weight_dtype, out
         "gpu": gpu.name, "sm_count": gpu.sm_count, "n": n, "k": k,
         "weight_dtype": dtype_name(weight_dtype), "output_dtype": dtype_name(output_dtype),
         "batch_invariant": batch_invariant, "batch": batch,
-        "tactic": list(astuple(winner.tactic)),
+        "tactic": winner.tactic.to_dict(),
         "us": round(winner.score, 3),  # geometric mean of the times in every context tuned
     }
 
@@ -324,7 +324,7 @@ class Tuner:
         # pinned order needs no choosing.
         streaming = [b for b in self.batches if activation_rows_for(b) < COMPUTE_BOUND_ROWS]
         winning = set() if pinned_order else {
-            t.summation_order for t in (self.fastest((n, k, b)).tactic for b in streaming) if t.invariance_verified}
+            t.summation_order for t in (self.fastest((n, k, b)).tactic for b in streaming) if not t.weight_as_b}
         self.run_pass(timer, {b: order_candidates(n, k, b, self.gpu, timed=self.timed[n, k, b], winning=winning)
                               for b in self.batches}, "tune orders")
         self.orders[n, k] = pinned_order or shared_order({b: self.timed[n, k, b] for b in self.batches})
@@ -354,7 +354,7 @@ class Tuner:
             write_table(self.invariant_out_path, kept_invariant + invariant, **stamp)
         if self.timings_path is not None:
             rows = [{"n": n, "k": k, "batch": b, "contexts": self.contexts,
-                     "timed": [[list(astuple(t.tactic)), *(round(t.us[c], 3) for c in self.contexts)] for t in found],
+                     "timed": [[t.tactic.to_dict(), *(round(t.us[c], 3) for c in self.contexts)] for t in found],
                      "clocks": self.clocks.get((n, k), [])}
                     for (n, k, b), found in self.timed.items()]
             Path(self.timings_path).write_text(json.dumps(self.kept_timings + rows, indent=0) + "\n")

@@ -11,31 +11,25 @@ next to torch.matmul:
 
 import argparse
 import json
-from dataclasses import astuple
 from pathlib import Path
 
 from decode_projection.tables import key_of, read_entries
-from decode_projection.tactic import as_tactic
+from decode_projection.tactic import stored_tactic
 from decode_projection.timing import geometric_mean
 from decode_projection.tune import row_times
-
-
-def normal(tactic) -> tuple:
-    """A tactic's fields in full (older tables leave out the trailing fold)."""
-    return astuple(as_tactic(tuple(tactic)))
 
 
 def changed(pairs, timings) -> list[tuple[float, tuple, list]]:
     """``[(gain us, (n, k, batch), [old, new])]`` for every cell of each (old, new) table pair whose tactic differs,
     largest gain first: the old tactic's score minus the new one's in the re-tune's timings (0 where either is
     missing there)."""
-    measured = {(row["n"], row["k"], row["batch"]): {normal(t): geometric_mean(us.values()) for t, us in row_times(row)}
+    measured = {(row["n"], row["k"], row["batch"]): {stored_tactic(t): geometric_mean(us.values()) for t, us in row_times(row)}
                 for row in timings}
     found = []
     for old_entries, new_entries in pairs:
-        old = {(key_of(e), e["batch"]): normal(e["tactic"]) for e in old_entries}
+        old = {(key_of(e), e["batch"]): stored_tactic(e["tactic"]) for e in old_entries}
         for entry in new_entries:
-            before, after = old.get((key_of(entry), entry["batch"])), normal(entry["tactic"])
+            before, after = old.get((key_of(entry), entry["batch"])), stored_tactic(entry["tactic"])
             if before is None or before == after:
                 continue
             cell = (entry["n"], entry["k"], entry["batch"])
@@ -48,7 +42,7 @@ def changed(pairs, timings) -> list[tuple[float, tuple, list]]:
 def probe_cell(cell, tactics) -> str:
     """``NxK:M:t1/t2`` in time_tactics.py's syntax (a tactic's label without its parentheses)."""
     n, k, batch = cell
-    return f"{n}x{k}:{batch}:" + "/".join(as_tactic(t).label.strip("()") for t in tactics)
+    return f"{n}x{k}:{batch}:" + "/".join(t.label.strip("()") for t in tactics)
 
 
 def main():

@@ -29,7 +29,7 @@ BF16 = torch.bfloat16
 def retune_tactics(shapes, batches, *, limit, invariant_limit) -> set:
     """Every tactic a re-tune of ``shapes`` (BF16, H200, shipped orders pinned) would compile."""
     kinds = {"weight_dtype": BF16, "output_dtype": BF16}
-    orders = invariant_orders(H200.name, H200.sm_count, shapes, BF16, BF16)
+    orders = invariant_orders(H200, shapes, BF16, BF16)
     found = set()
     for n, k in shapes:
         for batch in batches:

@@ -14,7 +14,7 @@ import math
 from decode_projection.gpu import H200
 from decode_projection.policies import default_tactic
 from decode_projection.report import read_document
-from decode_projection.tactic import SplitKTactic
+from decode_projection.tactic import stored_tactic
 from decode_projection.timing import geometric_mean
 from decode_projection.tune import row_times
 
@@ -27,7 +27,7 @@ def regrets(cells):
     for cell in cells:
         n, k, batch = cell["n"], cell["k"], cell["batch"]
         # Tactics of older kernels may no longer be valid, and only the heuristic's own pick is looked up.
-        means = {SplitKTactic(*fields): geometric_mean(us.values()) for fields, us in row_times(cell)}
+        means = {stored_tactic(fields): geometric_mean(us.values()) for fields, us in row_times(cell)}
         pick = default_tactic(n, k, batch, H200)
         found.append((n, k, batch, means[pick] / min(means.values()) if pick in means else None, pick))
     return found

@@ -22,7 +22,7 @@ import json
 from collections import defaultdict
 
 from decode_projection.report import document_cells, read_document
-from decode_projection.tactic import SplitKTactic
+from decode_projection.tactic import stored_tactic
 from decode_projection.tables import load_table, write_table
 from decode_projection.timing import geometric_mean
 
@@ -30,12 +30,12 @@ from decode_projection.timing import geometric_mean
 def bench_scores(paths, policy, table):
     """{(n, k, batch): the tuner's score} for the cells where ``policy`` ran ``table``'s own tactic (not a
     heuristic fallback, not another table's) in the benchmark JSONs at ``paths``."""
-    tactics = {(e["n"], e["k"], e["batch"]): SplitKTactic(*e["tactic"]) for e in table["entries"]}
+    tactics = {(e["n"], e["k"], e["batch"]): stored_tactic(e["tactic"]) for e in table["entries"]}
     times = defaultdict(lambda: defaultdict(list))  # (n, k, batch): {context: [us]}
     for path in paths:
         for cell in document_cells(read_document(path)):
             key = cell["n"], cell["k"], cell["batch"]
-            ran = SplitKTactic(*cell["tactic"])
+            ran = stored_tactic(cell["tactic"])
             if cell["policy"] == policy and cell["source"] == "table" and tactics.get(key) == ran:
                 times[key][cell["context"]].append(cell["us"])
     return {key: geometric_mean(sum(us) / len(us) for us in by_context.values()) for key, by_context in times.items()}

@@ -17,56 +17,56 @@ CASES = [
     (SplitKTactic(64, 8, 1, 4), 200, 1000, 5),
     (SplitKTactic(128, 32, 2, 4), 300, 1544, 40),
     (SplitKTactic(64, 16, 8, 3), 136, 520, 16),
-    (SplitKTactic(64, 8, 2, 3, 4), 200, 1000, 5),
-    (SplitKTactic(128, 64, 4, 3, 2), 136, 1544, 64),
-    (SplitKTactic(64, 64, 2, 3, 1, 2), 300, 1544, 64),
-    (SplitKTactic(128, 32, 1, 4, 1, 4), 520, 1000, 30),
+    (SplitKTactic(64, 8, 2, 3, k_boxes=4), 200, 1000, 5),
+    (SplitKTactic(128, 64, 4, 3, k_boxes=2), 136, 1544, 64),
+    (SplitKTactic(64, 64, 2, 3, multicast=2), 300, 1544, 64),
+    (SplitKTactic(128, 32, 1, 4, multicast=4), 520, 1000, 30),
     # A split rank with no K tiles (3 tiles over 4 ranks), and wide stages over a group past N.
-    (SplitKTactic(64, 32, 4, 3, 1, 2), 200, 136, 20),
-    (SplitKTactic(64, 64, 1, 3, 2, 4), 328, 1000, 64),
+    (SplitKTactic(64, 32, 4, 3, multicast=2), 200, 136, 20),
+    (SplitKTactic(64, 64, 1, 3, k_boxes=2, multicast=4), 328, 1000, 64),
     # Three consumer warpgroups: split-K reduction over 384 threads, and multicast.
     (SplitKTactic(192, 64, 2, 3), 400, 1544, 50),
-    (SplitKTactic(192, 32, 1, 4, 1, 2), 500, 1000, 32),
+    (SplitKTactic(192, 32, 1, 4, multicast=2), 500, 1000, 32),
     # A producer warpgroup that hands its registers to three consumer warpgroups (256 activation rows).
     (SplitKTactic(192, 256, 4, 4), 400, 1544, 200),
-    (SplitKTactic(192, 256, 1, 4, 1, 2), 500, 1000, 256),
+    (SplitKTactic(192, 256, 1, 4, multicast=2), 500, 1000, 256),
     # Two consumer warpgroups splitting the activation tile, alone and with split K.
-    (SplitKTactic(64, 256, 1, 4, 1, 1, 2), 200, 1000, 256),
-    (SplitKTactic(64, 128, 4, 3, 1, 1, 2), 136, 1544, 100),
+    (SplitKTactic(64, 256, 1, 4, column_groups=2), 200, 1000, 256),
+    (SplitKTactic(64, 128, 4, 3, column_groups=2), 136, 1544, 100),
     # The weight as wgmma's B in tiles that are not a multiple of 64 rows: alone, and with split K and the weight
     # multicast to two or three activation tiles (the last one past M in the last two cases).
-    (SplitKTactic(112, 128, 1, 4, 1, 1, 1, True), 300, 1000, 200),
-    (SplitKTactic(48, 64, 3, 4, 2, 2, 1, True), 136, 1544, 100),
-    (SplitKTactic(144, 128, 1, 4, 1, 2, 1, True), 300, 1000, 100),
-    (SplitKTactic(96, 64, 1, 4, 1, 3, 1, True), 300, 1000, 100),
+    (SplitKTactic(112, 128, 1, 4, weight_as_b=True), 300, 1000, 200),
+    (SplitKTactic(48, 64, 3, 4, k_boxes=2, multicast=2, weight_as_b=True), 136, 1544, 100),
+    (SplitKTactic(144, 128, 1, 4, multicast=2, weight_as_b=True), 300, 1000, 100),
+    (SplitKTactic(96, 64, 1, 4, multicast=3, weight_as_b=True), 300, 1000, 100),
     # The weight as B with four consumer warpgroups of activations that take a producer warpgroup's registers,
     # four without, with split K, and three.
-    (SplitKTactic(160, 256, 1, 4, 1, 1, 1, True), 500, 1000, 250),
-    (SplitKTactic(128, 256, 2, 3, 1, 1, 1, True), 300, 1544, 200),
-    (SplitKTactic(48, 192, 1, 7, 1, 1, 1, True), 136, 1000, 180),
+    (SplitKTactic(160, 256, 1, 4, weight_as_b=True), 500, 1000, 250),
+    (SplitKTactic(128, 256, 2, 3, weight_as_b=True), 300, 1544, 200),
+    (SplitKTactic(48, 192, 1, 7, weight_as_b=True), 136, 1000, 180),
     # Weight-as-A tiles padded to whole warpgroups: one and three warpgroups, with split K and multicast.
-    (SplitKTactic(56, 8, 1, 6, 2), 300, 1000, 3),
-    (SplitKTactic(160, 32, 3, 3, 1, 2), 500, 1544, 40),
+    (SplitKTactic(56, 8, 1, 6, k_boxes=2), 300, 1000, 3),
+    (SplitKTactic(160, 32, 3, 3, multicast=2), 500, 1544, 40),
     # The staged epilogue: 16-byte stores, and element stores where N and the pitch are odd (padded tile).
     (SplitKTactic(64, 64, 1, 4), 328, 1000, 60),
-    (SplitKTactic(56, 48, 1, 4, 2), 301, 1000, 45),
+    (SplitKTactic(56, 48, 1, 4, k_boxes=2), 301, 1000, 45),
     # Letting the next launch in as it starts, with the plain and the staged epilogue.
-    (SplitKTactic(56, 16, 1, 5, 4, dependents_at_start=True), 300, 1000, 12),
-    (SplitKTactic(48, 64, 1, 7, 2, dependents_at_start=True), 301, 1000, 50),
+    (SplitKTactic(56, 16, 1, 5, k_boxes=4, dependents_at_start=True), 300, 1000, 12),
+    (SplitKTactic(48, 64, 1, 7, k_boxes=2, dependents_at_start=True), 301, 1000, 50),
     # K folded into one warpgroup tile: two segments of an odd-row tile, and four where the last is all zero fill.
-    (SplitKTactic(27, 8, 1, 5, 4, dependents_at_start=True, fold=2), 300, 1000, 5),
-    (SplitKTactic(12, 16, 1, 3, 4, fold=4), 137, 520, 13),
+    (SplitKTactic(27, 8, 1, 5, k_boxes=4, dependents_at_start=True, fold=2), 300, 1000, 5),
+    (SplitKTactic(12, 16, 1, 3, k_boxes=4, fold=4), 137, 520, 13),
     # The last activation tile moved back to end at row M (its first rows are the tile before's): with the
     # split-K reduction, the staged epilogue and K folded.
     (SplitKTactic(64, 32, 2, 4), 200, 1000, 77),
-    (SplitKTactic(56, 48, 1, 4, 2), 301, 1000, 100),
-    (SplitKTactic(24, 16, 1, 4, 2, fold=2), 137, 1000, 21),
+    (SplitKTactic(56, 48, 1, 4, k_boxes=2), 301, 1000, 100),
+    (SplitKTactic(24, 16, 1, 4, k_boxes=2, fold=2), 137, 1000, 21),
     # Split-K partials in the drained stages of a pipeline that fills shared memory, then in a buffer of their own
     # beside the stages (one CTA per SM either way; case 1 has one too): with multicast (a rank with no K tiles),
     # with the weight as B multicast to two activation tiles.
     (SplitKTactic(64, 8, 3, 25), 200, 1544, 5),
-    (SplitKTactic(64, 32, 4, 10, 1, 2), 200, 136, 20),
-    (SplitKTactic(48, 64, 3, 6, 2, 2, 1, True), 136, 1544, 100),
+    (SplitKTactic(64, 32, 4, 10, multicast=2), 200, 136, 20),
+    (SplitKTactic(48, 64, 3, 6, k_boxes=2, multicast=2, weight_as_b=True), 136, 1544, 100),
 ]
 
 if sys.argv[1:] == ["split"]:

@@ -1,8 +1,9 @@
 """Time chosen tactics of one cell next to torch.matmul: a probe for hypotheses the tuner's candidates miss.
 
-Each cell is ``NxK:M:tactic/tactic/...``, a tactic its numbers separated by
-commas (as in the tables; a trailing ``B`` puts the weight on wgmma's B side, a
-trailing ``E`` lets the next launch in as the tactic starts, ``F2`` or ``F4`` folds K).
+Each cell is ``NxK:M:tactic/tactic/...``, a tactic its label without the
+parentheses: its numbers separated by commas (those after the stages may be left
+out where they are 1), then ``B`` to put the weight on wgmma's B side, ``E`` to
+let the next launch in as the tactic starts, ``F2`` or ``F4`` to fold K.
 Every tactic is checked against float64 on fresh random inputs with a
 NaN-poisoned output, then all of them and torch.matmul are timed interleaved
 (``timing.interleaved_time_us``), back to back and after a glue kernel. Like the
@@ -30,7 +31,7 @@ import torch
 from decode_projection.checks import Reference
 from decode_projection.projection import PreparedProjection
 from decode_projection.runtime import architecture
-from decode_projection.tactic import as_tactic
+from decode_projection.tactic import SplitKTactic, as_tactic
 from decode_projection.timing import cold_copies, foreign_kernel, interleaved_time_us
 from decode_projection.warmup import compile_all
 
@@ -43,16 +44,11 @@ def parse_cell(text):
 
 
 def parse_tactic(text):
-    """A tactic from its comma-separated numbers, then ``B`` for the weight as wgmma's B, ``E`` for
-    letting the next launch in as it starts and ``F`` with a fold for K folded."""
-    parts = text.upper().split(",")
-    flags = {flag: flag in parts for flag in ("B", "E")}
-    folds = [int(p[1:]) for p in parts if p.startswith("F")]
-    numbers = [int(p) for p in parts if p not in flags and not p.startswith("F")]
-    if not 4 <= len(numbers) <= 7:
-        raise argparse.ArgumentTypeError(f"a tactic has 4 to 7 numbers, got {text!r}")
-    numbers += [1] * (7 - len(numbers))  # k boxes, multicast, column groups default to 1
-    return as_tactic((*numbers, flags["B"], flags["E"], *folds))
+    """A tactic from its label without the parentheses (``SplitKTactic.from_label``), in either case."""
+    try:
+        return as_tactic(SplitKTactic.from_label(text.upper()))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def time_cell(n, k, batch, tactics, one_output=False, without_programmatic_launch=False, compared=None):

@@ -16,9 +16,10 @@ GRID = [
 GRID += [
     SplitKTactic(192, 8, 1, 4), SplitKTactic(192, 64, 2, 4), SplitKTactic(192, 96, 1, 4),
     SplitKTactic(192, 128, 4, 4), SplitKTactic(192, 192, 1, 3), SplitKTactic(192, 48, 8, 3),
-    SplitKTactic(192, 16, 1, max_stages(192, 16, 1)), SplitKTactic(192, 32, 1, 4, 1, 2), SplitKTactic(192, 16, 3, 4, 2),
-    SplitKTactic(192, 256, 1, 4), SplitKTactic(192, 256, 4, 4), SplitKTactic(192, 256, 3, 4, 1, 2),
-    SplitKTactic(192, 256, 2, 2, 2),
+    SplitKTactic(192, 16, 1, max_stages(192, 16, 1)), SplitKTactic(192, 32, 1, 4, multicast=2),
+    SplitKTactic(192, 16, 3, 4, k_boxes=2),
+    SplitKTactic(192, 256, 1, 4), SplitKTactic(192, 256, 4, 4), SplitKTactic(192, 256, 3, 4, multicast=2),
+    SplitKTactic(192, 256, 2, 2, k_boxes=2),
 ]
 # Cluster sizes that are not powers of two (uneven K slices, ranks with no K tiles).
 GRID += [SplitKTactic(64, 8, 3, 6), SplitKTactic(128, 32, 5, 4), SplitKTactic(64, 64, 6, 4), SplitKTactic(128, 128, 7, 3)]
@@ -28,39 +29,41 @@ GRID += [SplitKTactic(64, 8, 4, max_stages(64, 8, 4)), SplitKTactic(128, 64, 2, 
 GRID += [
     tactic
     for rows, acts, split, boxes in itertools.product((64, 128), (8, 64, 128), (1, 4), K_BOXES[1:])
-    if (tactic := SplitKTactic(rows, acts, split, min(3, max_stages(rows, acts, split, boxes)), boxes)).valid
+    if (tactic := SplitKTactic(rows, acts, split, min(3, max_stages(rows, acts, split, boxes)), k_boxes=boxes)).valid
 ]
 
 # Activation tiles shared by TMA multicast across 2 or 4 weight tiles: tile counts that are not a
 # multiple of the group, clusters of up to 8 CTAs with split K, wide stages.
 GRID += [
-    SplitKTactic(64, 64, 1, 3, 1, 2), SplitKTactic(64, 128, 2, 3, 1, 4), SplitKTactic(128, 32, 2, 4, 1, 2),
-    SplitKTactic(64, 32, 4, 4, 2, 2), SplitKTactic(128, 256, 1, 2, 1, 4), SplitKTactic(64, 16, 2, 6, 1, 2),
+    SplitKTactic(64, 64, 1, 3, multicast=2), SplitKTactic(64, 128, 2, 3, multicast=4),
+    SplitKTactic(128, 32, 2, 4, multicast=2), SplitKTactic(64, 32, 4, 4, k_boxes=2, multicast=2),
+    SplitKTactic(128, 256, 1, 2, multicast=4), SplitKTactic(64, 16, 2, 6, multicast=2),
 ]
 
 # Weight tiles of any multiple of 8 rows with the weight as A, padded to whole warpgroups in shared memory:
 # one, two and three warpgroups, the narrowest tile, split K with uneven slices, multicast, wide stages,
 # register reallocation, and a tile so narrow that most of its warpgroup tile is padding.
 GRID += [
-    SplitKTactic(56, 8, 1, max_stages(56, 8, 1, 2), 2), SplitKTactic(48, 16, 2, 6), SplitKTactic(160, 8, 1, 6),
-    SplitKTactic(112, 64, 3, 4), SplitKTactic(40, 32, 1, 4, 1, 4), SplitKTactic(120, 48, 2, 2, 4),
-    SplitKTactic(184, 256, 1, 2), SplitKTactic(8, 8, 5, 8), SplitKTactic(24, 128, 1, 4, 1, 2),
+    SplitKTactic(56, 8, 1, max_stages(56, 8, 1, 2), k_boxes=2), SplitKTactic(48, 16, 2, 6), SplitKTactic(160, 8, 1, 6),
+    SplitKTactic(112, 64, 3, 4), SplitKTactic(40, 32, 1, 4, multicast=4), SplitKTactic(120, 48, 2, 2, k_boxes=4),
+    SplitKTactic(184, 256, 1, 2), SplitKTactic(8, 8, 5, 8), SplitKTactic(24, 128, 1, 4, multicast=2),
     # Padded tiles sharing their activation load, as the tuner offers them: 48 rows loaded as two halves of 24.
-    SplitKTactic(56, 64, 1, 4, 2, 2), SplitKTactic(48, 48, 1, 4, 2, 2),
+    SplitKTactic(56, 64, 1, 4, k_boxes=2, multicast=2), SplitKTactic(48, 48, 1, 4, k_boxes=2, multicast=2),
 ]
 
 # Two consumer warpgroups splitting the activation tile of a 64-row weight tile: with split K (a reduction
 # over 256 threads of half-tile accumulators), multicast, wide stages and partly filled batches.
 GRID += [
-    SplitKTactic(64, 256, 1, 5, 1, 1, 2), SplitKTactic(64, 128, 2, 4, 1, 1, 2), SplitKTactic(64, 192, 3, 3, 1, 1, 2),
-    SplitKTactic(64, 256, 2, 4, 1, 2, 2), SplitKTactic(64, 128, 1, 3, 2, 1, 2), SplitKTactic(64, 256, 8, 2, 1, 1, 2),
+    SplitKTactic(64, 256, 1, 5, column_groups=2), SplitKTactic(64, 128, 2, 4, column_groups=2),
+    SplitKTactic(64, 192, 3, 3, column_groups=2), SplitKTactic(64, 256, 2, 4, multicast=2, column_groups=2),
+    SplitKTactic(64, 128, 1, 3, k_boxes=2, column_groups=2), SplitKTactic(64, 256, 8, 2, column_groups=2),
 ]
 
 # The weight as wgmma's B (activations A, one to four warpgroups of 64 rows), in weight tiles of any multiple
 # of 8 rows: ragged N tiles, split K with uneven slices, wide stages, the narrowest and widest tiles, and the weight
 # tile multicast to 2, 3 or 4 activation tiles (one batch leaves the cluster's other tiles past M).
 GRID += [
-    SplitKTactic(rows, acts, split, stages, boxes, multicast, 1, True)
+    SplitKTactic(rows, acts, split, stages, k_boxes=boxes, multicast=multicast, weight_as_b=True)
     for rows, acts, split, stages, boxes, multicast in (
         (112, 128, 1, 4, 1, 1), (96, 64, 2, 4, 1, 1), (256, 128, 1, 3, 1, 1), (8, 64, 3, 4, 2, 1),
         (112, 128, 2, 4, 1, 2), (32, 128, 1, 5, 1, 4), (56, 64, 4, 3, 4, 1), (200, 128, 7, 3, 1, 1),
@@ -80,16 +83,18 @@ GRID += [
 # Launches that let the next one in as they start: a whole and a padded tile, wide stages, staged epilogues
 # (whole, padded, and split between two consumer warpgroups).
 GRID += [
-    SplitKTactic(64, 8, 1, 6, 4, dependents_at_start=True), SplitKTactic(56, 16, 1, 5, 4, dependents_at_start=True),
-    SplitKTactic(160, 8, 1, 4, 2, dependents_at_start=True), SplitKTactic(64, 64, 1, 4, dependents_at_start=True),
-    SplitKTactic(48, 64, 1, 7, 2, dependents_at_start=True),
-    SplitKTactic(64, 128, 1, 3, 2, 1, 2, dependents_at_start=True),
+    SplitKTactic(64, 8, 1, 6, k_boxes=4, dependents_at_start=True),
+    SplitKTactic(56, 16, 1, 5, k_boxes=4, dependents_at_start=True),
+    SplitKTactic(160, 8, 1, 4, k_boxes=2, dependents_at_start=True),
+    SplitKTactic(64, 64, 1, 4, dependents_at_start=True),
+    SplitKTactic(48, 64, 1, 7, k_boxes=2, dependents_at_start=True),
+    SplitKTactic(64, 128, 1, 3, k_boxes=2, column_groups=2, dependents_at_start=True),
 ]
 
 # K folded into one warpgroup tile (split 1): two and four segments, tiles of any row count up to the slot, wide
 # stages, activation tiles up to 128 rows (wgmma N of 256), an early launch.
 GRID += [
-    SplitKTactic(rows, acts, 1, stages, boxes, 1, 1, False, early, fold)
+    SplitKTactic(rows, acts, 1, stages, k_boxes=boxes, dependents_at_start=early, fold=fold)
     for rows, acts, stages, boxes, early, fold in (
         (28, 8, 5, 4, True, 2), (32, 16, 6, 2, False, 2), (17, 32, 8, 1, False, 2), (24, 64, 4, 2, False, 2),
         (16, 8, 4, 4, True, 4), (12, 16, 3, 4, False, 4), (5, 64, 3, 1, False, 4), (32, 128, 2, 1, False, 2),

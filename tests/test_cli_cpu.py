@@ -5,6 +5,7 @@ import torch
 
 from decode_projection.__main__ import main
 from decode_projection.projection import compile_projection
+from decode_projection.tactic import SplitKTactic
 
 
 @pytest.fixture
@@ -127,7 +128,7 @@ def test_markdown_of_a_saved_run_has_a_table_per_policy_and_context(capsys, tmp_
     from decode_projection.bench import Cell
     from decode_projection.report import write_json
 
-    tactic = (64, 8, 1, 8, 1, 1, 1, False, False, 1)
+    tactic = SplitKTactic(64, 8, 1, 8)
     cells = [Cell(2304, 1536, 1, policy, "table", tactic, us + extra, 5.1 + extra, 3.4 + extra, context=context)
              for context, extra in (("chain", 0.0), ("glue", 2.0))
              for policy, us in (("tuned", 3.0), ("batch-invariant", 3.2))]
@@ -157,6 +158,28 @@ def test_a_run_saved_before_cells_had_contexts_reads_as_the_context_it_was_timed
         (tmp_path / "old.json").write_text(json.dumps({"meta": dict(META, method=method), "cells": [row]}))
         assert main(["bench", "--from-json", str(tmp_path / "old.json")]) == 0
         assert f"\n{context} tuned: geometric-mean speedup" in capsys.readouterr().out
+
+
+def test_saved_runs_store_tactics_by_name_and_older_runs_still_read(tmp_path):
+    import json
+
+    from decode_projection.bench import Cell
+    from decode_projection.report import load_json, write_json
+
+    tactic = SplitKTactic(56, 8, 1, 6, k_boxes=4, dependents_at_start=True)
+    meta = {"gpu": "NVIDIA H200"}
+    write_json(tmp_path / "run.json", [Cell(7168, 1536, 1, "tuned", "table", tactic, 3.0, 5.1, 3.4)], meta)
+    document = json.loads((tmp_path / "run.json").read_text())
+    assert document["format"] == 2 and document["cells"][0]["tactic"] == tactic.to_dict()
+    # A run saved before format 2: no format, each tactic a list of its fields in order.
+    older = {"meta": meta, "cells": [{**document["cells"][0], "tactic": list(tactic.to_dict().values())}]}
+    (tmp_path / "older.json").write_text(json.dumps(older))
+    assert load_json(tmp_path / "older.json") == load_json(tmp_path / "run.json")
+    assert load_json(tmp_path / "run.json")[0][0].tactic == tactic
+    for claimed in (3, True, 2.0):
+        (tmp_path / "future.json").write_text(json.dumps({**document, "format": claimed}))
+        with pytest.raises(ValueError, match="saved run format"):
+            load_json(tmp_path / "future.json")
 
 
 def test_an_unreadable_saved_run_is_an_error_not_a_traceback(capsys, tmp_path):

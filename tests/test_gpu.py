@@ -41,9 +41,10 @@ def test_every_tactic_matches_float64(tactic):
 # Unsplit tactics of 32+ activation rows stage 16-bit outputs in shared memory and store 16 bytes at a time:
 # one, two and three warpgroups, a padded tile, two column groups, multicast, the weight as B (multicast too).
 STAGED = [
-    SplitKTactic(64, 64, 1, 4), SplitKTactic(128, 32, 1, 4), SplitKTactic(192, 256, 1, 3), SplitKTactic(56, 48, 1, 4, 2),
-    SplitKTactic(64, 256, 1, 4, 1, 1, 2), SplitKTactic(64, 64, 1, 3, 1, 2), SplitKTactic(112, 128, 1, 4, weight_as_b=True),
-    SplitKTactic(112, 128, 1, 4, 1, 2, weight_as_b=True),
+    SplitKTactic(64, 64, 1, 4), SplitKTactic(128, 32, 1, 4), SplitKTactic(192, 256, 1, 3),
+    SplitKTactic(56, 48, 1, 4, k_boxes=2), SplitKTactic(64, 256, 1, 4, column_groups=2),
+    SplitKTactic(64, 64, 1, 3, multicast=2), SplitKTactic(112, 128, 1, 4, weight_as_b=True),
+    SplitKTactic(112, 128, 1, 4, multicast=2, weight_as_b=True),
 ]
 
 
@@ -147,9 +148,11 @@ def test_without_programmatic_launch_gives_the_same_bits(tactic):
     assert torch.equal(out, expected)
 
 
-@pytest.mark.parametrize("tactic", [SplitKTactic(64, 16, 1, 4), SplitKTactic(64, 8, 1, 6, 4, dependents_at_start=True),
-                                    SplitKTactic(56, 16, 1, 5, 4, dependents_at_start=True),
-                                    SplitKTactic(128, 16, 3, 4), SplitKTactic(64, 16, 2, 4, 1, 2)], ids=tactic_id)
+@pytest.mark.parametrize("tactic", [SplitKTactic(64, 16, 1, 4),
+                                    SplitKTactic(64, 8, 1, 6, k_boxes=4, dependents_at_start=True),
+                                    SplitKTactic(56, 16, 1, 5, k_boxes=4, dependents_at_start=True),
+                                    SplitKTactic(128, 16, 3, 4), SplitKTactic(64, 16, 2, 4, multicast=2)],
+                         ids=tactic_id)
 def test_chained_launches_read_what_the_previous_one_wrote(tactic):
     """Back to back, each launch reads the previous one's output and overwrites its input: the same
     bits as launches one at a time, eagerly and replayed in a CUDA graph, whichever way it lets the next in."""

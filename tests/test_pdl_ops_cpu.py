@@ -51,6 +51,8 @@ def test_kernel_compiles_with_pdl_before_any_load_and_16_byte_accesses(label, bu
     # 16-byte vectors only: no narrower global access.
     assert {code[i] for i in loads} == {"LDG.E.128"}, label
     assert {op for op in code if op.startswith("STG")} == {"STG.E.128"}, label
+    # No whole-warp shuffle or warp sync in divergent code: against the CTA barrier it deadlocks.
+    assert "BRA.DIV" not in report.sass and "WARPSYNC.COLLECTIVE" not in report.sass, label
 
 
 def test_compiled_code_is_cached_per_variant():

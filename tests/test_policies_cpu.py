@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import threading
 from dataclasses import replace
 
 import pytest
@@ -18,26 +19,40 @@ from decode_projection.policies import (
 from decode_projection.tactic import SplitKTactic
 from decode_projection.workload import DECODE_BATCHES, KIMI_K3_SHAPES
 
-# The heuristic's H200 choices at batches 1, 16, 64 and 256, as (weight rows, activation rows, split, stages[,
-# K boxes per stage, weight or activation tiles sharing a load, consumer warpgroups, the weight as B]): one tile
-# per SM where N / SMs rounds to 32-192 rows, stages of up to 40 KB; at 256 two 128-row activation tiles sharing
-# each weight tile where N / 66 rounds to 48-256 rows, else the fullest grid that fits in one wave.
+# The heuristic's H200 choices at batches 1, 16, 64 and 256: one tile per SM where N / SMs rounds to 32-192 rows,
+# stages of up to 40 KB; at 256 two 128-row activation tiles sharing each weight tile where N / 66 rounds to 48-256
+# rows, else the fullest grid that fits in one wave.
 PINNED = [
-    ((2112, 7168), (128, 8, 4, 6, 2), (128, 16, 4, 6, 2), (128, 64, 4, 9), (64, 128, 2, 9)),
-    ((2304, 1536), (128, 8, 4, 6, 2), (128, 16, 4, 6, 2), (128, 64, 4, 9), (48, 128, 1, 10, 1, 2, 1, True)),
-    ((7168, 1536), (56, 8, 1, 6, 4), (56, 16, 1, 5, 4), (56, 64, 1, 7, 2), (112, 128, 1, 7, 1, 2, 1, True)),
-    ((1536, 7168), (128, 8, 8, 6, 2), (128, 16, 8, 6, 2), (128, 64, 8, 9), (64, 256, 4, 5)),
-    ((3072, 7168), (128, 8, 4, 6, 2), (128, 16, 4, 6, 2), (128, 64, 4, 9), (48, 128, 1, 10, 1, 2, 1, True)),
-    ((7168, 768), (56, 8, 1, 6, 4), (56, 16, 1, 5, 4), (56, 64, 1, 7, 2), (112, 128, 1, 7, 1, 2, 1, True)),
-    ((6288, 7168), (48, 8, 1, 6, 4), (48, 16, 1, 5, 4), (48, 64, 1, 7, 2), (96, 128, 1, 8, 1, 2, 1, True)),
-    ((3584, 7168), (32, 8, 1, 6, 4), (32, 16, 1, 5, 4), (32, 64, 1, 7, 2), (64, 128, 1, 9, 1, 2, 1, True)),
-    ((7168, 3584), (56, 8, 1, 6, 4), (56, 16, 1, 5, 4), (56, 64, 1, 7, 2), (112, 128, 1, 7, 1, 2, 1, True)),
-    ((8448, 7168), (64, 8, 1, 6, 4), (64, 16, 1, 5, 4), (64, 64, 1, 7, 2), (128, 128, 1, 7, 1, 2, 1, True)),
-    ((7168, 4224), (56, 8, 1, 6, 4), (56, 16, 1, 5, 4), (56, 64, 1, 7, 2), (112, 128, 1, 7, 1, 2, 1, True)),
-    ((20480, 7168), (160, 8, 1, 9), (160, 16, 1, 8), (160, 64, 1, 7), (128, 256, 1, 4, 1, 4)),
-    ((7168, 14336), (56, 8, 1, 6, 4), (56, 16, 1, 5, 4), (56, 64, 1, 7, 2), (112, 128, 1, 7, 1, 2, 1, True)),
-    ((1536, 128), (64, 8, 1, 25), (64, 16, 1, 22), (64, 64, 1, 14), (64, 64, 1, 14, 1, 4)),
-    ((3072, 128), (64, 8, 1, 25), (64, 16, 1, 22), (64, 64, 1, 14), (48, 128, 1, 10, 1, 2, 1, True)),
+    ((2112, 7168), SplitKTactic(128, 8, 4, 6, k_boxes=2), SplitKTactic(128, 16, 4, 6, k_boxes=2),
+     SplitKTactic(128, 64, 4, 9), SplitKTactic(64, 128, 2, 9)),
+    ((2304, 1536), SplitKTactic(128, 8, 4, 6, k_boxes=2), SplitKTactic(128, 16, 4, 6, k_boxes=2),
+     SplitKTactic(128, 64, 4, 9), SplitKTactic(48, 128, 1, 10, multicast=2, weight_as_b=True)),
+    ((7168, 1536), SplitKTactic(56, 8, 1, 6, k_boxes=4), SplitKTactic(56, 16, 1, 5, k_boxes=4),
+     SplitKTactic(56, 64, 1, 7, k_boxes=2), SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True)),
+    ((1536, 7168), SplitKTactic(128, 8, 8, 6, k_boxes=2), SplitKTactic(128, 16, 8, 6, k_boxes=2),
+     SplitKTactic(128, 64, 8, 9), SplitKTactic(64, 256, 4, 5)),
+    ((3072, 7168), SplitKTactic(128, 8, 4, 6, k_boxes=2), SplitKTactic(128, 16, 4, 6, k_boxes=2),
+     SplitKTactic(128, 64, 4, 9), SplitKTactic(48, 128, 1, 10, multicast=2, weight_as_b=True)),
+    ((7168, 768), SplitKTactic(56, 8, 1, 6, k_boxes=4), SplitKTactic(56, 16, 1, 5, k_boxes=4),
+     SplitKTactic(56, 64, 1, 7, k_boxes=2), SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True)),
+    ((6288, 7168), SplitKTactic(48, 8, 1, 6, k_boxes=4), SplitKTactic(48, 16, 1, 5, k_boxes=4),
+     SplitKTactic(48, 64, 1, 7, k_boxes=2), SplitKTactic(96, 128, 1, 8, multicast=2, weight_as_b=True)),
+    ((3584, 7168), SplitKTactic(32, 8, 1, 6, k_boxes=4), SplitKTactic(32, 16, 1, 5, k_boxes=4),
+     SplitKTactic(32, 64, 1, 7, k_boxes=2), SplitKTactic(64, 128, 1, 9, multicast=2, weight_as_b=True)),
+    ((7168, 3584), SplitKTactic(56, 8, 1, 6, k_boxes=4), SplitKTactic(56, 16, 1, 5, k_boxes=4),
+     SplitKTactic(56, 64, 1, 7, k_boxes=2), SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True)),
+    ((8448, 7168), SplitKTactic(64, 8, 1, 6, k_boxes=4), SplitKTactic(64, 16, 1, 5, k_boxes=4),
+     SplitKTactic(64, 64, 1, 7, k_boxes=2), SplitKTactic(128, 128, 1, 7, multicast=2, weight_as_b=True)),
+    ((7168, 4224), SplitKTactic(56, 8, 1, 6, k_boxes=4), SplitKTactic(56, 16, 1, 5, k_boxes=4),
+     SplitKTactic(56, 64, 1, 7, k_boxes=2), SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True)),
+    ((20480, 7168), SplitKTactic(160, 8, 1, 9), SplitKTactic(160, 16, 1, 8), SplitKTactic(160, 64, 1, 7),
+     SplitKTactic(128, 256, 1, 4, multicast=4)),
+    ((7168, 14336), SplitKTactic(56, 8, 1, 6, k_boxes=4), SplitKTactic(56, 16, 1, 5, k_boxes=4),
+     SplitKTactic(56, 64, 1, 7, k_boxes=2), SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True)),
+    ((1536, 128), SplitKTactic(64, 8, 1, 25), SplitKTactic(64, 16, 1, 22), SplitKTactic(64, 64, 1, 14),
+     SplitKTactic(64, 64, 1, 14, multicast=4)),
+    ((3072, 128), SplitKTactic(64, 8, 1, 25), SplitKTactic(64, 16, 1, 22), SplitKTactic(64, 64, 1, 14),
+     SplitKTactic(48, 128, 1, 10, multicast=2, weight_as_b=True)),
 ]
 
 
@@ -45,7 +60,7 @@ PINNED = [
 def test_heuristic_picks_are_pinned(shape, at1, at16, at64, at256):
     n, k = shape
     picks = {b: default_tactic(n, k, b) for b in (1, 16, 64, 256)}
-    assert picks == {1: SplitKTactic(*at1), 16: SplitKTactic(*at16), 64: SplitKTactic(*at64), 256: SplitKTactic(*at256)}
+    assert picks == {1: at1, 16: at16, 64: at64, 256: at256}
 
 
 def test_filling_tiles_put_one_unsplit_tile_on_each_sm():
@@ -134,15 +149,18 @@ def test_cost_model_prefers_in_flight_bytes():
 def entry(batch, tactic, *, n=2112, k=7168, invariant=False, gpu="NVIDIA H200"):
     return {"gpu": gpu, "sm_count": 132, "n": n, "k": k, "weight_dtype": "bfloat16",
             "output_dtype": "bfloat16", "batch_invariant": invariant, "batch": batch,
-            "tactic": list(tactic), "us": 9.0}
+            "tactic": tactic.to_dict(), "us": 9.0}
 
 
 def test_table_round_trip_and_lookup(tmp_path, monkeypatch):
     path = tmp_path / "h200.json"
-    tables.write_table(path, [entry(1, (64, 8, 2, 25)), entry(8, (64, 8, 2, 25)), entry(1, (128, 8, 4, 13), gpu="NVIDIA H100")],
+    tables.write_table(path, [entry(1, SplitKTactic(64, 8, 2, 25)), entry(8, SplitKTactic(64, 8, 2, 25)),
+                              entry(1, SplitKTactic(128, 8, 4, 13), gpu="NVIDIA H100")],
                        dsl_version="4.8.1", measured="2026-12-02")
     loaded = tables.load_table(path)
-    key = tables.TableKey("NVIDIA H200", 132, 2112, 7168, "bfloat16", "bfloat16", False)
+    key = tables.TableKey.for_cell(H200, 2112, 7168, weight_dtype=torch.bfloat16, output_dtype=torch.bfloat16,
+                                   batch_invariant=False)
+    assert key == tables.key_of(entry(1, SplitKTactic(64, 8, 2, 25)))
     assert tables.table_policies(key, [1, 8, 16], loaded) == {1: SplitKTactic(64, 8, 2, 25), 8: SplitKTactic(64, 8, 2, 25)}
     monkeypatch.setattr(tables, "shipped_tables", lambda: loaded)
     found, sources = resolve_policies(2112, 7168, [1, 16], gpu=H200, weight_dtype=torch.bfloat16,
@@ -164,9 +182,11 @@ def test_table_round_trip_and_lookup(tmp_path, monkeypatch):
 def test_tables_of_your_own_replace_the_shipped_shapes_they_hold(tmp_path, monkeypatch):
     h100 = GpuSpec("NVIDIA H100 80GB HBM3", 132, H200.smem_per_sm, 3.0e6)
     mine, later = tmp_path / "mine.json", tmp_path / "later.json"
-    tables.write_table(mine, [entry(1, (128, 8, 4, 13), gpu=h100.name), entry(8, (64, 8, 2, 25))],
+    tables.write_table(mine, [entry(1, SplitKTactic(128, 8, 4, 13), gpu=h100.name),
+                              entry(8, SplitKTactic(64, 8, 2, 25))],
                        dsl_version="4.8.1", measured="2026-12-05")
-    tables.write_table(later, [entry(1, (64, 16, 2, 20), gpu=h100.name)], dsl_version="4.8.1", measured="2026-12-05")
+    tables.write_table(later, [entry(1, SplitKTactic(64, 16, 2, 20), gpu=h100.name)], dsl_version="4.8.1",
+                       measured="2026-12-05")
 
     def resolved(gpu, batches=(1, 8, 16)):
         return resolve_policies(2112, 7168, batches, gpu=gpu, weight_dtype=torch.bfloat16,
@@ -195,7 +215,8 @@ def test_tables_of_your_own_replace_the_shipped_shapes_they_hold(tmp_path, monke
 
 def test_batch_invariant_table_fixes_the_split_for_uncovered_batches(monkeypatch, tmp_path):
     path = tmp_path / "inv.json"
-    tables.write_table(path, [entry(1, (64, 8, 2, 25), invariant=True)], dsl_version="4.8.1", measured="2026-12-02")
+    tables.write_table(path, [entry(1, SplitKTactic(64, 8, 2, 25), invariant=True)], dsl_version="4.8.1",
+                       measured="2026-12-02")
     monkeypatch.setattr(tables, "shipped_tables", lambda: tables.load_table(path))
     found, sources = resolve_policies(2112, 7168, [1, 3, 100, 256], gpu=H200, weight_dtype=torch.bfloat16,
                                       output_dtype=torch.bfloat16, batch_invariant=True)
@@ -209,7 +230,8 @@ def test_batch_invariant_table_fixes_the_split_for_uncovered_batches(monkeypatch
 
 def test_batch_invariant_table_with_two_splits_is_refused(tmp_path):
     path = tmp_path / "mixed.json"
-    tables.write_table(path, [entry(1, (64, 8, 2, 25), invariant=True), entry(8, (64, 8, 4, 12), invariant=True)],
+    tables.write_table(path, [entry(1, SplitKTactic(64, 8, 2, 25), invariant=True),
+                              entry(8, SplitKTactic(64, 8, 4, 12), invariant=True)],
                        dsl_version="4.8.1", measured="2026-12-02")
     with pytest.raises(ValueError, match="mixes summation orders"):
         tables.load_table(path)
@@ -217,29 +239,89 @@ def test_batch_invariant_table_with_two_splits_is_refused(tmp_path):
 
 def test_stale_table_entry_fails_loudly(tmp_path):
     path = tmp_path / "bad.json"
-    path.write_text(json.dumps({"format": 1, "entries": [entry(1, (64, 12, 2, 4))]}))
+    path.write_text(json.dumps({"format": 2, "entries": [entry(1, SplitKTactic(64, 12, 2, 4))]}))
     with pytest.raises(ValueError, match="no longer valid"):
         tables.load_table(path)
     path.write_text(json.dumps({"format": 99, "entries": []}))
     with pytest.raises(ValueError, match="format"):
         tables.load_table(path)
     # Whatever is wrong, the message names the file.
-    malformed = [{**entry(1, (64, 8, 2, 4)), "batch": "1"}, {"batch": 1, "tactic": [64, 8, 2, 4]},
-                 {**entry(1, (64, 8, 2, 4)), "tactic": [64, "eight"]}, {**entry(1, (64, 8, 2, 4)), "n": [7168]},
-                 {**entry(1, (64, 8, 2, 4)), "batch_invariant": "yes"}, {**entry(1, (64, 8, 2, 4)), "batch": True}]
-    for bad in malformed:
-        path.write_text(json.dumps({"format": 1, "entries": [bad]}))
-        with pytest.raises(ValueError, match="bad.json: entry"):
-            tables.load_table(path)
-    for broken in (b'{"format": 1, "entries": [', b"\xff\xfe not text"):
+    good = entry(1, SplitKTactic(64, 8, 2, 4))
+    malformed = {
+        2: [{**good, "batch": "1"}, {"batch": 1, "tactic": good["tactic"]}, {**good, "n": [7168]},
+            {**good, "batch_invariant": "yes"}, {**good, "batch": True}, "an entry",
+            {**good, "tactic": [64, 8, 2, 4]},  # format 2 stores tactics by field name
+            {**good, "tactic": {**good["tactic"], "kboxes": 2}}, {**good, "tactic": {"weight_rows": 64}}],
+        1: [{**good, "tactic": [64, "eight"]}, {**good, "tactic": [64, 8, 2]}, {**good, "tactic": "64,8,2,4"}],
+    }
+    for version, entries in malformed.items():
+        for bad in entries:
+            path.write_text(json.dumps({"format": version, "entries": [bad]}))
+            with pytest.raises(ValueError, match="bad.json: entry"):
+                tables.load_table(path)
+    too_long = b'{"format": 2, "entries": [' + b"9" * 5000 + b"]}"  # past Python's digits for an int
+    for broken in (b'{"format": 2, "entries": [', b"\xff\xfe not text", too_long):
         path.write_bytes(broken)
         with pytest.raises(ValueError, match="bad.json: not a JSON table"):
             tables.load_table(path)
 
 
+@pytest.mark.parametrize("claimed", [True, 2.0, 1.0, "2", None, [2]])
+def test_a_table_format_is_exactly_the_integer_it_claims(tmp_path, claimed):
+    path = tmp_path / "claims.json"
+    path.write_text(json.dumps({"format": claimed, "entries": []}))
+    with pytest.raises(ValueError, match="claims.json: table format"):
+        tables.load_table(path)
+
+
+@pytest.mark.parametrize("opening, closing", [("[", "]"), ('{"entries": ', "}")])
+def test_deeply_nested_json_is_refused_as_a_table(tmp_path, opening, closing):
+    path = tmp_path / "deep.json"
+    path.write_text(opening * 100_000 + closing * 100_000)
+    with pytest.raises(ValueError, match="deep.json: not a JSON table: nested too deeply"):
+        tables.load_table(path)
+
+
+def test_a_table_that_is_not_a_regular_file_is_refused_unopened(tmp_path):
+    fifo = tmp_path / "table.fifo"
+    os.mkfifo(fifo)
+    outcome = []
+
+    def load():  # with no writer, opening the FIFO to read would block: in a thread the test sees that
+        try:
+            tables.load_table(fifo)
+        except ValueError as error:
+            outcome.append(str(error))
+
+    reader = threading.Thread(target=load, daemon=True)
+    reader.start()
+    reader.join(timeout=10)
+    assert outcome == [f"{fifo}: not a regular file"]
+    with pytest.raises(ValueError, match="/dev/null: not a regular file"):
+        tables.load_table("/dev/null")
+
+
+def test_old_and_new_table_formats_read_to_identical_policies(tmp_path, monkeypatch):
+    """The shipped tables, written back in format 1 (each tactic a list of its fields in order, the trailing fold
+    left out where it is 1 as the first format-1 tables did), load to the same tactics."""
+    old_paths = []
+    for path in sorted(tables.SHIPPED.glob("*.json")):
+        document = json.loads(path.read_text())
+        assert document["format"] == 2
+        for stored in document["entries"]:
+            fields = list(stored["tactic"].values())
+            stored["tactic"] = fields[:-1] if fields[-1] == 1 and stored["batch"] % 2 else fields
+        old = tmp_path / path.name
+        old.write_text(json.dumps({**document, "format": 1}))
+        assert tables.load_table(old) == tables.load_table(path)
+        old_paths.append(str(old))
+    monkeypatch.setenv(tables.USER_TABLES, os.pathsep.join(old_paths))
+    assert tables.tables_in_use() == tables.shipped_tables()
+
+
 def test_a_table_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     path = tmp_path / "table.json"
-    tables.write_table(path, [entry(1, (64, 8, 2, 4))], dsl_version="4.8.1", measured="2026-12-05")
+    tables.write_table(path, [entry(1, SplitKTactic(64, 8, 2, 4))], dsl_version="4.8.1", measured="2026-12-05")
     before = path.read_text()
 
     def killed(*args, **kwargs):
@@ -247,7 +329,7 @@ def test_a_table_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
 
     monkeypatch.setattr(tables.Path, "replace", killed)
     with pytest.raises(KeyboardInterrupt):
-        tables.write_table(path, [entry(8, (64, 8, 2, 4))], dsl_version="4.8.1", measured="2026-12-05")
+        tables.write_table(path, [entry(8, SplitKTactic(64, 8, 2, 4))], dsl_version="4.8.1", measured="2026-12-05")
     assert path.read_text() == before
 
 
@@ -262,7 +344,8 @@ def test_shipped_tables_load():
 def test_shipped_h200_tables_cover_the_workload(invariant):
     shipped = tables.shipped_tables()
     for n, k in KIMI_K3_SHAPES:
-        key = tables.TableKey("NVIDIA H200", 132, n, k, "bfloat16", "bfloat16", invariant)
+        key = tables.TableKey.for_cell(H200, n, k, weight_dtype=torch.bfloat16, output_dtype=torch.bfloat16,
+                                       batch_invariant=invariant)
         assert sorted(shipped[key]) == list(DECODE_BATCHES)
         if invariant:
             assert len({t.summation_order for t in shipped[key].values()}) == 1
@@ -277,7 +360,7 @@ def test_wide_stage_candidates_keep_shared_memory_and_cover_k():
             if k >= 1536:
                 assert wide, f"{n}x{k} M={batch}: no wide stages timed"
     narrow = SplitKTactic(64, 8, 2, 25)
-    assert with_k_boxes(narrow, 4) == SplitKTactic(64, 8, 2, 6, 4)
+    assert with_k_boxes(narrow, 4) == SplitKTactic(64, 8, 2, 6, k_boxes=4)
     assert with_k_boxes(narrow, 4).smem_bytes <= narrow.smem_bytes
 
 
@@ -309,13 +392,15 @@ def test_shared_weight_tiles_serve_the_whole_batch_in_one_wave():
                 assert batch % tactic.activation_rows == 0 or batch == 96, tactic
                 assert waves(tactic, n, batch) == 1, tactic
     # At M=96 two 64-row tiles, the second moved back to rows 32-95: 66 clusters of 2 on 6288 rows (v34).
-    assert SplitKTactic(96, 64, 1, 11, 1, 2, weight_as_b=True) in candidates.shared_weight_tactics(6288, 7168, 96)
+    offered = candidates.shared_weight_tactics(6288, 7168, 96)
+    assert SplitKTactic(96, 64, 1, 11, multicast=2, weight_as_b=True) in offered
     # Three 64-row activation tiles share 96-row weight tiles: 32 clusters of 3 (the v33 probe's winner).
-    assert candidates.shared_weight_tactics(3072, 7168, 192)[0] == SplitKTactic(96, 64, 1, 11, 1, 3, weight_as_b=True)
-    assert SplitKTactic(112, 128, 1, 7, 1, 2, weight_as_b=True) in candidate_tactics(7168, 14336, 256, limit=16)
+    assert candidates.shared_weight_tactics(3072, 7168, 192)[0] == SplitKTactic(96, 64, 1, 11, multicast=3,
+                                                                                 weight_as_b=True)
+    assert SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True) in candidate_tactics(7168, 14336, 256, limit=16)
     # Three 64-row activation tiles with pairs would take two pairs, the last wholly past the batch.
-    assert grid_ctas(SplitKTactic(112, 64, 1, 7, 1, 2, weight_as_b=True), 7168, 192) == 64 * 4
-    assert grid_ctas(SplitKTactic(112, 64, 1, 7, 1, 2), 7168, 192) == 64 * 3
+    assert grid_ctas(SplitKTactic(112, 64, 1, 7, multicast=2, weight_as_b=True), 7168, 192) == 64 * 4
+    assert grid_ctas(SplitKTactic(112, 64, 1, 7, multicast=2), 7168, 192) == 64 * 3
 
 
 def test_padded_weight_tiles_fill_the_sms_at_streaming_batches():
@@ -333,7 +418,7 @@ def test_padded_weight_tiles_fill_the_sms_at_streaming_batches():
     for (n, k) in KIMI_K3_SHAPES:
         assert all(t.weight_smem_rows == t.weight_rows for t in candidate_tactics(n, k, 128, limit=20))
     # Up to 96 activation rows: 6288 x 7168 M=96 on 131 tiles of 48 in 2-box stages, the v34 probe's fastest.
-    assert SplitKTactic(48, 96, 1, 5, 2) in candidate_tactics(6288, 7168, 96, limit=20)
+    assert SplitKTactic(48, 96, 1, 5, k_boxes=2) in candidate_tactics(6288, 7168, 96, limit=20)
     # Under a pinned summation order, one padded tile of that order (it sums as the whole tile does).
     pinned = candidate_tactics(7168, 4224, 1, limit=16, order=(1, 2))
     assert {t.summation_order for t in pinned} == {(1, 2)}
@@ -360,11 +445,10 @@ def test_folded_tiles_fill_the_sms_in_one_warpgroup_tile_at_streaming_batches():
 
 
 def test_folded_tactics_are_checked():
-    folded = SplitKTactic(28, 8, 1, 5, 4, fold=2)
+    folded = SplitKTactic(28, 8, 1, 5, k_boxes=4, fold=2)
     assert folded.valid and folded.tile_mnk == (64, 16, 256) and folded.slot_rows == 32 and folded.label.endswith("F2)")
     # A fold of 2 sums in the K slices of a split of 2, in the same order.
-    assert folded.summation_order == SplitKTactic(64, 8, 2, 6, 4).summation_order == (2, 4)
-    assert folded.invariance_verified
+    assert folded.summation_order == SplitKTactic(64, 8, 2, 6, k_boxes=4).summation_order == (2, 4)
     for bad in (replace(folded, weight_rows=33), replace(folded, split=2), replace(folded, multicast=2),
                 replace(folded, weight_as_b=True), replace(folded, fold=3), replace(folded, activation_rows=256, stages=2)):
         assert not bad.valid, bad
@@ -385,11 +469,13 @@ def test_pinned_summation_order_is_kept_for_every_batch():
 
 # Batch-invariant tables the loader refuses: (batch, tactic) entries and the reason it gives.
 REFUSED_INVARIANT_TABLES = {
-    "mixed-k-boxes": ([(1, (64, 8, 2, 6, 4)), (16, (64, 16, 2, 12, 1))], "mixes summation orders"),
+    "mixed-k-boxes": ([(1, SplitKTactic(64, 8, 2, 6, k_boxes=4)), (16, SplitKTactic(64, 16, 2, 12))],
+                      "mixes summation orders"),
     # Invariance is verified with the weight as A only.
-    "weight-as-b": ([(64, (64, 64, 2, 6)), (256, (112, 128, 2, 4, 1, 1, 1, True))], "weight as A only"),
+    "weight-as-b": ([(64, SplitKTactic(64, 64, 2, 6)), (256, SplitKTactic(112, 128, 2, 4, weight_as_b=True))],
+                    "weight as A only"),
     # A fold of 2 sums as a split of 2, not as an unsplit tile.
-    "folded-unsplit": ([(1, (28, 8, 1, 5, 4, 1, 1, False, False, 2)), (64, (32, 64, 1, 3, 4))],
+    "folded-unsplit": ([(1, SplitKTactic(28, 8, 1, 5, k_boxes=4, fold=2)), (64, SplitKTactic(32, 64, 1, 3, k_boxes=4))],
                        "mixes summation orders"),
 }
 
@@ -406,19 +492,22 @@ def test_batch_invariant_table_is_refused(tmp_path, name):
 
 def test_batch_invariant_table_may_hold_padded_and_folded_tiles_of_its_order(tmp_path):
     path = tmp_path / "padded.json"
-    tables.write_table(path, [entry(1, (64, 8, 1, 6, 2), invariant=True), entry(32, (56, 32, 1, 9, 2), invariant=True)],
+    tables.write_table(path, [entry(1, SplitKTactic(64, 8, 1, 6, k_boxes=2), invariant=True),
+                              entry(32, SplitKTactic(56, 32, 1, 9, k_boxes=2), invariant=True)],
                        dsl_version="test", measured="today")
     assert tables.load_table(path)
     path = tmp_path / "folded.json"
-    tables.write_table(path, [entry(1, (28, 8, 1, 5, 4, 1, 1, False, False, 2), invariant=True),
-                              entry(64, (64, 64, 2, 3, 4), invariant=True)], dsl_version="test", measured="today")
+    tables.write_table(path, [entry(1, SplitKTactic(28, 8, 1, 5, k_boxes=4, fold=2), invariant=True),
+                              entry(64, SplitKTactic(64, 64, 2, 3, k_boxes=4), invariant=True)],
+                       dsl_version="test", measured="today")
     assert tables.load_table(path)
 
 
 def test_free_table_may_hold_what_invariant_tables_may_not(tmp_path):
     assert SplitKTactic(112, 128, 2, 4, weight_as_b=True).summation_order != SplitKTactic(64, 128, 2, 4).summation_order
     path = tmp_path / "free.json"
-    tables.write_table(path, [entry(32, (56, 32, 1, 9, 2)), entry(256, (112, 128, 2, 4, 1, 1, 1, True))],
+    tables.write_table(path, [entry(32, SplitKTactic(56, 32, 1, 9, k_boxes=2)),
+                              entry(256, SplitKTactic(112, 128, 2, 4, weight_as_b=True))],
                        dsl_version="test", measured="today")
     assert tables.load_table(path)
 
@@ -440,8 +529,9 @@ def test_waves_count_whole_clusters_per_gpc():
 
 def test_early_dependents_are_offered_for_streaming_unclustered_weight_as_a_tiles_alone_on_an_sm():
     tactics = [SplitKTactic(128, 96, 1, 7), SplitKTactic(64, 8, 4, 6), SplitKTactic(128, 64, 1, 7),
-               SplitKTactic(56, 64, 1, 4, weight_as_b=True), SplitKTactic(64, 8, 1, 6, 4), SplitKTactic(56, 32, 1, 5),
-               SplitKTactic(128, 8, 1, 6), SplitKTactic(48, 8, 1, 6, 4), SplitKTactic(96, 16, 1, 12)]
+               SplitKTactic(56, 64, 1, 4, weight_as_b=True), SplitKTactic(64, 8, 1, 6, k_boxes=4),
+               SplitKTactic(56, 32, 1, 5),
+               SplitKTactic(128, 8, 1, 6), SplitKTactic(48, 8, 1, 6, k_boxes=4), SplitKTactic(96, 16, 1, 12)]
     assert policies.ctas_per_sm(tactics[0]) == 1 and tactics[0].activation_rows >= policies.COMPUTE_BOUND_ROWS
     assert policies.ctas_per_sm(tactics[6]) == 2
     early = early_dependents_tactics(tactics)
@@ -454,10 +544,10 @@ def test_early_dependents_are_offered_for_streaming_unclustered_weight_as_a_tile
 def test_split_partials_get_shared_memory_of_their_own_where_it_fits():
     # 4 stages of 24 KB leave room for the 32 KB of partials, one CTA per SM either way: sent as each rank's loop
     # ends, no cluster barrier first.
-    beside = SplitKTactic(128, 32, 4, 5, 2)
+    beside = SplitKTactic(128, 32, 4, 5, k_boxes=2)
     assert beside.reduction_buffered and beside.smem_bytes == 1024 + 5 * beside.stage_bytes + beside.reduction_bytes
     # 7 two-box stages fill shared memory: the partials reuse the drained stages.
-    reusing = SplitKTactic(56, 64, 2, 7, 2)
+    reusing = SplitKTactic(56, 64, 2, 7, k_boxes=2)
     assert not reusing.reduction_buffered and reusing.smem_bytes == 1024 + 7 * reusing.stage_bytes
     # The owner keeps its own partials in registers: the buffer holds a slot per peer. Not with three consumer
     # warpgroups, whose accumulators leave too few registers.
@@ -471,19 +561,20 @@ def test_split_partials_get_shared_memory_of_their_own_where_it_fits():
     # The tuner times split tactics in fewer stages that give their partials a buffer at as many CTAs per SM:
     # two per SM for the 64-row tile, one for the others.
     assert candidates.buffered_partials_tactics(
-        [SplitKTactic(64, 64, 3, 7), SplitKTactic(128, 8, 3, 13), SplitKTactic(56, 64, 2, 7, 2),
-         SplitKTactic(128, 32, 4, 5, 2)]) == [SplitKTactic(64, 64, 3, 6), SplitKTactic(56, 64, 2, 6, 2)]
+        [SplitKTactic(64, 64, 3, 7), SplitKTactic(128, 8, 3, 13), SplitKTactic(56, 64, 2, 7, k_boxes=2),
+         SplitKTactic(128, 32, 4, 5, k_boxes=2)]) == [SplitKTactic(64, 64, 3, 6), SplitKTactic(56, 64, 2, 6, k_boxes=2)]
     offered = [t for t in candidate_tactics(2304, 1536, 64, limit=12) if t.reduction_buffered and t.split > 1]
     assert any(policies.ctas_per_sm(t) == 2 for t in offered)
     # The batch-invariant pass on 3584 x 7168 (order (2, 2)) times the padded split tile's buffered twin.
-    assert SplitKTactic(56, 64, 2, 6, 2) in candidate_tactics(3584, 7168, 64, limit=6, order=(2, 2))
+    assert SplitKTactic(56, 64, 2, 6, k_boxes=2) in candidate_tactics(3584, 7168, 64, limit=6, order=(2, 2))
     # Shared-weight tiles get a buffered twin of their own, the one that keeps the largest share of its stages:
     # 7 of 8 for the 80-row split of 2 on 2112 x 7168 M=256, 4 of 6 for the cost model's 144-row split of 4.
     shared = candidates.shared_weight_tactics(2112, 7168, 256)
-    assert SplitKTactic(80, 128, 2, 8, 1, 2, weight_as_b=True) in shared[candidates.SHARED_WEIGHT_CANDIDATES:]
+    assert SplitKTactic(80, 128, 2, 8, multicast=2, weight_as_b=True) in shared[candidates.SHARED_WEIGHT_CANDIDATES:]
     assert candidates.buffered_keeping_most_stages(shared)[:2] == [
-        SplitKTactic(80, 128, 2, 7, 1, 2, weight_as_b=True), SplitKTactic(160, 64, 2, 7, 1, 4, weight_as_b=True)]
-    assert SplitKTactic(80, 128, 2, 7, 1, 2, weight_as_b=True) in candidate_tactics(2112, 7168, 256, limit=16)
+        SplitKTactic(80, 128, 2, 7, multicast=2, weight_as_b=True),
+        SplitKTactic(160, 64, 2, 7, multicast=4, weight_as_b=True)]
+    assert SplitKTactic(80, 128, 2, 7, multicast=2, weight_as_b=True) in candidate_tactics(2112, 7168, 256, limit=16)
 
 
 def test_a_cluster_no_sm_group_can_hold_is_never_chosen():

@@ -62,12 +62,13 @@ def test_batch_invariant_rows_do_not_depend_on_the_batch(gpu, shape):
 # to whole warpgroups after it (one, two and three warpgroups, activation tiles of 8 to 64 rows), or tiles with
 # K folded into as many segments as the split has ranks (the last segment partly past K).
 ORDERS = [
-    [SplitKTactic(64, 8, 1, 6, 2), SplitKTactic(56, 8, 1, 6, 2), SplitKTactic(56, 16, 1, 5, 2),
-     SplitKTactic(160, 32, 1, 4, 2), SplitKTactic(56, 64, 1, 7, 2)],
+    [SplitKTactic(64, 8, 1, 6, k_boxes=2), SplitKTactic(56, 8, 1, 6, k_boxes=2), SplitKTactic(56, 16, 1, 5, k_boxes=2),
+     SplitKTactic(160, 32, 1, 4, k_boxes=2), SplitKTactic(56, 64, 1, 7, k_boxes=2)],
     [SplitKTactic(128, 8, 4, 6), SplitKTactic(120, 16, 4, 6), SplitKTactic(48, 64, 4, 7), SplitKTactic(176, 32, 4, 4)],
-    [SplitKTactic(64, 8, 2, 6, 4), SplitKTactic(28, 8, 1, 5, 4, dependents_at_start=True, fold=2),
-     SplitKTactic(17, 16, 1, 4, 4, fold=2), SplitKTactic(32, 32, 1, 3, 4, fold=2)],
-    [SplitKTactic(128, 16, 4, 6, 2), SplitKTactic(16, 8, 1, 9, 2, fold=4), SplitKTactic(12, 32, 1, 4, 2, fold=4)],
+    [SplitKTactic(64, 8, 2, 6, k_boxes=4), SplitKTactic(28, 8, 1, 5, k_boxes=4, dependents_at_start=True, fold=2),
+     SplitKTactic(17, 16, 1, 4, k_boxes=4, fold=2), SplitKTactic(32, 32, 1, 3, k_boxes=4, fold=2)],
+    [SplitKTactic(128, 16, 4, 6, k_boxes=2), SplitKTactic(16, 8, 1, 9, k_boxes=2, fold=4),
+     SplitKTactic(12, 32, 1, 4, k_boxes=2, fold=4)],
 ]
 
 

@@ -455,16 +455,16 @@ def test_register_handover_rules():
 
 def test_weight_multicast_shares_the_weight_tile_between_activation_tiles():
     """With the weight as B, multicast splits each weight tile's load between neighbouring activation tiles."""
-    shared = SplitKTactic(144, 128, 4, 6, 1, 2, weight_as_b=True)
+    shared = SplitKTactic(144, 128, 4, 6, multicast=2, weight_as_b=True)
     assert (shared.weight_sharers, shared.activation_sharers, shared.weight_load_rows) == (2, 1, 72)
     # Every CTA's stage still receives the whole weight tile and its own activation tile.
     assert shared.stage_load_bytes == (144 + 128) * 64 * 2
-    as_a = SplitKTactic(64, 128, 2, 9, 1, 4)
+    as_a = SplitKTactic(64, 128, 2, 9, multicast=4)
     assert (as_a.weight_sharers, as_a.activation_sharers, as_a.weight_load_rows) == (1, 4, 64)
-    assert SplitKTactic(40, 128, 1, 5, 1, 4, weight_as_b=True).problems() == [
+    assert SplitKTactic(40, 128, 1, 5, multicast=4, weight_as_b=True).problems() == [
         "40 weight rows do not split into 4 loads of 8n rows"]
-    assert SplitKTactic(96, 64, 1, 11, 1, 3, weight_as_b=True).valid
-    assert SplitKTactic(64, 48, 1, 4, 1, 3).problems() == [
+    assert SplitKTactic(96, 64, 1, 11, multicast=3, weight_as_b=True).valid
+    assert SplitKTactic(64, 48, 1, 4, multicast=3).problems() == [
         "three CTAs share only a weight tile (the weight as B), not an activation tile"]
     # The loads: the weight's multicast into the pair, each CTA's own activation tile alone.
     sass = kernel_report(compile_projection(shared, torch.bfloat16, "sm_90a")).sass
@@ -473,7 +473,7 @@ def test_weight_multicast_shares_the_weight_tile_between_activation_tiles():
 
 
 def test_padded_weight_tile_loads_its_rows_into_whole_warpgroup_tiles():
-    padded = SplitKTactic(56, 8, 1, 4, 2)
+    padded = SplitKTactic(56, 8, 1, 4, k_boxes=2)
     assert padded.valid and padded.consumer_groups == 1 and padded.tile_mnk == (64, 8, 128)
     # Shared memory holds 64 rows per box; the TMA boxes (the barrier's byte count) carry 56.
     assert padded.stage_bytes == (64 + 8) * 128 * 2 and padded.stage_load_bytes == (56 + 8) * 128 * 2
@@ -490,7 +490,7 @@ def test_which_epilogues_stage_the_output_tile():
     def staged(tactic, out_type=cutlass.BFloat16):
         return SplitKGemm(tactic).stages_output(out_type)
 
-    assert staged(SplitKTactic(64, 64, 1, 4)) and staged(SplitKTactic(56, 48, 1, 4, 2))
+    assert staged(SplitKTactic(64, 64, 1, 4)) and staged(SplitKTactic(56, 48, 1, 4, k_boxes=2))
     assert staged(SplitKTactic(112, 128, 1, 4, weight_as_b=True)) and staged(SplitKTactic(192, 256, 1, 3))
     # Split K, small activation tiles and FP32 outputs store straight from the accumulators.
     assert not staged(SplitKTactic(64, 64, 3, 4)) and not staged(SplitKTactic(64, 16, 1, 4))
@@ -500,9 +500,11 @@ def test_which_epilogues_stage_the_output_tile():
 def test_activation_tiles_store_every_batch_row_once_without_reading_past_the_batch():
     """Every batch row is stored by exactly one activation tile: the last tile is moved back to end at row M where
     the batch covers a tile, so no box reaches past the batch then (groups rounded up to whole clusters included)."""
-    shared_weight = [(96, 64, 1, 11, 1, 2), (168, 64, 1, 7, 1, 3), (64, 64, 2, 4, 2, 4), (112, 128, 1, 7, 1, 2)]
-    for tactic in [SplitKTactic(64, 8, 1, 4), SplitKTactic(64, 48, 1, 4), SplitKTactic(64, 96, 1, 4, 1, 2)] + [
-            SplitKTactic(*numbers, weight_as_b=True) for numbers in shared_weight]:
+    for tactic in [SplitKTactic(64, 8, 1, 4), SplitKTactic(64, 48, 1, 4), SplitKTactic(64, 96, 1, 4, multicast=2),
+                   SplitKTactic(96, 64, 1, 11, multicast=2, weight_as_b=True),
+                   SplitKTactic(168, 64, 1, 7, multicast=3, weight_as_b=True),
+                   SplitKTactic(64, 64, 2, 4, k_boxes=2, multicast=4, weight_as_b=True),
+                   SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True)]:
         assert tactic.valid, tactic
         gemm, rows = SplitKGemm(tactic), tactic.activation_rows
         for batch in range(1, 3 * rows + 2):
@@ -519,14 +521,16 @@ def test_activation_tiles_store_every_batch_row_once_without_reading_past_the_ba
 # (the staged epilogue's ragged tail too), 32-bit with an FP32 output (which no epilogue stages).
 HINTED = "st.global.L2::cache_hint"
 EPILOGUES = [
-    pytest.param(SplitKTactic(56, 64, 1, 7, 2), torch.bfloat16, {f"{HINTED}.v4.b32", f"{HINTED}.b16"}, id="staged"),
-    pytest.param(SplitKTactic(64, 16, 1, 5, 4, dependents_at_start=True), torch.bfloat16, {f"{HINTED}.b16"},
+    pytest.param(SplitKTactic(56, 64, 1, 7, k_boxes=2), torch.bfloat16, {f"{HINTED}.v4.b32", f"{HINTED}.b16"},
+                 id="staged"),
+    pytest.param(SplitKTactic(64, 16, 1, 5, k_boxes=4, dependents_at_start=True), torch.bfloat16, {f"{HINTED}.b16"},
                  id="direct"),
-    pytest.param(SplitKTactic(56, 64, 1, 7, 2), torch.float32, {f"{HINTED}.b32"}, id="direct-fp32"),
-    pytest.param(SplitKTactic(28, 8, 1, 5, 4, dependents_at_start=True, fold=2), torch.bfloat16, {f"{HINTED}.b16"},
-                 id="folded"),
+    pytest.param(SplitKTactic(56, 64, 1, 7, k_boxes=2), torch.float32, {f"{HINTED}.b32"}, id="direct-fp32"),
+    pytest.param(SplitKTactic(28, 8, 1, 5, k_boxes=4, dependents_at_start=True, fold=2), torch.bfloat16,
+                 {f"{HINTED}.b16"}, id="folded"),
     pytest.param(SplitKTactic(128, 8, 4, 13), torch.bfloat16, {f"{HINTED}.b16"}, id="split-k"),
-    pytest.param(SplitKTactic(64, 128, 2, 9, 1, 4), torch.float32, {f"{HINTED}.b32"}, id="split-k-multicast-fp32"),
+    pytest.param(SplitKTactic(64, 128, 2, 9, multicast=4), torch.float32, {f"{HINTED}.b32"},
+                 id="split-k-multicast-fp32"),
 ]
 
 
@@ -552,10 +556,11 @@ def test_where_a_launch_lets_the_next_one_in():
         offsets = [i for i, line in enumerate(lines) if "PREEXIT" in line]
         return offsets, next(i for i, line in enumerate(lines) if "UTMALDG" in line)
 
-    offsets, first_load = triggers(SplitKTactic(64, 8, 1, 6, 4, dependents_at_start=True))
+    offsets, first_load = triggers(SplitKTactic(64, 8, 1, 6, k_boxes=4, dependents_at_start=True))
     assert len(offsets) == 1 and offsets[0] < first_load
     # Otherwise once the weights are streamed: the producer and the consumers.
-    for streamed in (SplitKTactic(64, 8, 1, 6, 4), SplitKTactic(128, 8, 3, 13), SplitKTactic(128, 64, 4, 9, 1, 2)):
+    for streamed in (SplitKTactic(64, 8, 1, 6, k_boxes=4), SplitKTactic(128, 8, 3, 13),
+                     SplitKTactic(128, 64, 4, 9, multicast=2)):
         offsets, first_load = triggers(streamed)
         assert len(offsets) == 2 and min(offsets) > first_load
     assert SplitKTactic(128, 8, 3, 13, dependents_at_start=True).problems() == [

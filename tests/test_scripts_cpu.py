@@ -139,21 +139,25 @@ def test_batch_invariant_allowance_is_ten_percent_over_tuned_per_cell_and_contex
 
 
 def entry(n, batch, tactic, invariant=False):
+    """A table entry of format 2 (the tactic by field name)."""
     return {"gpu": "NVIDIA H200", "sm_count": 132, "n": n, "k": 7168, "weight_dtype": "bfloat16",
-            "output_dtype": "bfloat16", "batch_invariant": invariant, "batch": batch, "tactic": tactic, "us": 1.0}
+            "output_dtype": "bfloat16", "batch_invariant": invariant, "batch": batch, "tactic": tactic.to_dict(),
+            "us": 1.0}
 
 
-def write_run(tmp_path, name, entries, times, policy, source="table"):
-    """A table and its two benchmark files; ``times`` maps (n, batch) to microseconds."""
+def write_run(tmp_path, name, entries, times, policy, source="table", *, run_format=2):
+    """A table and its two benchmark files; ``times`` maps (n, batch) to microseconds. A run of format 1 stores its
+    tactics as lists of their fields."""
     table = tmp_path / f"{name}.json"
-    table.write_text(json.dumps({"format": 1, "entries": entries}))
+    table.write_text(json.dumps({"format": 2, "entries": entries}))
     ran = {(e["n"], e["batch"]): e["tactic"] for e in entries}
-    cells = [dict(cell(n, 7168, batch, us, 10.0, policy), source=source, tactic=ran[n, batch] + [1] * (6 - len(ran[n, batch])))
+    as_stored = dict if run_format == 2 else (lambda tactic: list(tactic.values()))
+    cells = [dict(cell(n, 7168, batch, us, 10.0, policy), source=source, tactic=as_stored(ran[n, batch]))
              for (n, batch), us in times.items()]
     paths = [table]
     for context in ("bench", "isolated"):
         path = tmp_path / f"{name}-{context}.json"
-        path.write_text(json.dumps({"meta": {}, "cells": cells}))
+        path.write_text(json.dumps({"format": run_format, "meta": {}, "cells": cells}))
         paths.append(path)
     return paths
 
@@ -161,42 +165,45 @@ def write_run(tmp_path, name, entries, times, policy, source="table"):
 def run_merge(merge, monkeypatch, a, b, out):
     monkeypatch.setattr("sys.argv", ["merge_tables", *map(str, a), *map(str, b), "--out", str(out)])
     merge.main()
-    return {(e["n"], e["batch"]): e["tactic"] for e in json.loads(out.read_text())["entries"]}
+    return {(e["n"], e["batch"]): SplitKTactic.from_dict(e["tactic"]) for e in json.loads(out.read_text())["entries"]}
 
 
-def test_merge_takes_the_faster_tactic_per_cell(tmp_path, capsys, monkeypatch):
+SPLIT_4, SPLIT_8 = SplitKTactic(128, 8, 4, 13), SplitKTactic(64, 8, 8, 6)
+
+
+@pytest.mark.parametrize("run_format", [1, 2])
+def test_merge_takes_the_faster_tactic_per_cell(tmp_path, capsys, monkeypatch, run_format):
     merge = load_script("merge_tables")
-    a = write_run(tmp_path, "a", [entry(1536, 1, [128, 8, 4, 13, 1]), entry(1536, 2, [128, 8, 4, 13, 1])],
-                  {(1536, 1): 5.0, (1536, 2): 7.0}, "tuned")
-    b = write_run(tmp_path, "b", [entry(1536, 1, [64, 8, 8, 6, 1]), entry(1536, 2, [64, 8, 8, 6, 1]),
-                                  entry(1536, 4, [64, 8, 8, 6, 1])],
-                  {(1536, 1): 6.0, (1536, 2): 6.5, (1536, 4): 6.5}, "tuned")
+    a = write_run(tmp_path, "a", [entry(1536, 1, SPLIT_4), entry(1536, 2, SPLIT_4)],
+                  {(1536, 1): 5.0, (1536, 2): 7.0}, "tuned", run_format=run_format)
+    b = write_run(tmp_path, "b", [entry(1536, 1, SPLIT_8), entry(1536, 2, SPLIT_8), entry(1536, 4, SPLIT_8)],
+                  {(1536, 1): 6.0, (1536, 2): 6.5, (1536, 4): 6.5}, "tuned", run_format=run_format)
     merged = run_merge(merge, monkeypatch, a, b, tmp_path / "merged.json")
     # Batch 4 only table b has: it is kept, not dropped.
-    assert merged == {(1536, 1): [128, 8, 4, 13, 1], (1536, 2): [64, 8, 8, 6, 1], (1536, 4): [64, 8, 8, 6, 1]}
+    assert merged == {(1536, 1): SPLIT_4, (1536, 2): SPLIT_8, (1536, 4): SPLIT_8}
     assert "1 from" in capsys.readouterr().out
 
 
 def test_merge_scores_a_cell_by_the_geometric_mean_over_the_contexts_of_one_benchmark(tmp_path, monkeypatch):
     merge = load_script("merge_tables")
     runs = []
-    for name, tactic, chain, glue in (("a", [128, 8, 4, 13, 1], 5.0, 9.0), ("b", [64, 8, 8, 6, 1], 6.0, 7.0)):
+    for name, tactic, chain, glue in (("a", SPLIT_4, 5.0, 9.0), ("b", SPLIT_8, 6.0, 7.0)):
         table, bench = tmp_path / f"{name}.json", tmp_path / f"{name}-bench.json"
-        table.write_text(json.dumps({"format": 1, "entries": [entry(1536, 1, tactic)]}))
-        cells = [dict(cell(1536, 7168, 1, us, 10.0, context=context), source="table", tactic=tactic + [1])
+        table.write_text(json.dumps({"format": 2, "entries": [entry(1536, 1, tactic)]}))
+        cells = [dict(cell(1536, 7168, 1, us, 10.0, context=context), source="table", tactic=tactic.to_dict())
                  for context, us in (("chain", chain), ("glue", glue))]
-        bench.write_text(json.dumps({"meta": {}, "cells": cells}))
+        bench.write_text(json.dumps({"format": 2, "meta": {}, "cells": cells}))
         runs.append([table, bench])
     # a is faster back to back, b after glue and by the geometric mean (6.48 us against 6.71).
-    assert run_merge(merge, monkeypatch, *runs, tmp_path / "merged.json") == {(1536, 1): [64, 8, 8, 6, 1]}
+    assert run_merge(merge, monkeypatch, *runs, tmp_path / "merged.json") == {(1536, 1): SPLIT_8}
     with pytest.raises(SystemExit, match="first file must be a table"):
         run_merge(merge, monkeypatch, runs[0][::-1], runs[1], tmp_path / "merged.json")
 
 
 def test_merge_refuses_tables_of_several_gpus_or_dtypes(tmp_path, monkeypatch):
     merge = load_script("merge_tables")
-    a = write_run(tmp_path, "a", [entry(1536, 1, [128, 8, 4, 13, 1])], {(1536, 1): 5.0}, "tuned")
-    fp32 = {**entry(1536, 1, [64, 8, 8, 6, 1]), "output_dtype": "float32"}
+    a = write_run(tmp_path, "a", [entry(1536, 1, SPLIT_4)], {(1536, 1): 5.0}, "tuned")
+    fp32 = {**entry(1536, 1, SPLIT_8), "output_dtype": "float32"}
     b = write_run(tmp_path, "b", [fp32], {(1536, 1): 6.0}, "tuned")
     with pytest.raises(SystemExit, match="one GPU, dtype pair and mode"):
         run_merge(merge, monkeypatch, a, b, tmp_path / "merged.json")
@@ -205,45 +212,50 @@ def test_merge_refuses_tables_of_several_gpus_or_dtypes(tmp_path, monkeypatch):
 def test_merge_ignores_times_of_tactics_the_table_does_not_hold(tmp_path, monkeypatch):
     merge = load_script("merge_tables")
     # Table a's benchmark fell back to the heuristic: its fast time says nothing about table a's tactic.
-    a = write_run(tmp_path, "a", [entry(1536, 1, [128, 8, 4, 13, 1])], {(1536, 1): 1.0}, "tuned", source="heuristic")
-    b = write_run(tmp_path, "b", [entry(1536, 1, [64, 8, 8, 6, 1])], {(1536, 1): 6.0}, "tuned")
-    assert run_merge(merge, monkeypatch, a, b, tmp_path / "merged.json") == {(1536, 1): [64, 8, 8, 6, 1]}
+    a = write_run(tmp_path, "a", [entry(1536, 1, SPLIT_4)], {(1536, 1): 1.0}, "tuned", source="heuristic")
+    b = write_run(tmp_path, "b", [entry(1536, 1, SPLIT_8)], {(1536, 1): 6.0}, "tuned")
+    assert run_merge(merge, monkeypatch, a, b, tmp_path / "merged.json") == {(1536, 1): SPLIT_8}
 
 
 def test_merge_keeps_one_summation_order_per_shape_when_batch_invariant():
     merge = load_script("merge_tables")
     tables = [
-        {"entries": [entry(1536, 1, [128, 8, 4, 13, 1], True), entry(1536, 2, [128, 8, 4, 13, 1], True)]},
-        {"entries": [entry(1536, 1, [64, 8, 8, 6, 1], True), entry(1536, 2, [64, 8, 8, 6, 1], True)]},
+        {"entries": [entry(1536, 1, SPLIT_4, True), entry(1536, 2, SPLIT_4, True)]},
+        {"entries": [entry(1536, 1, SPLIT_8, True), entry(1536, 2, SPLIT_8, True)]},
     ]
     # Run b wins batch 1 alone but loses the shape as a whole: all of run a's entries stay.
     scores = [{(1536, 7168, 1): 5.0, (1536, 7168, 2): 5.0}, {(1536, 7168, 1): 4.0, (1536, 7168, 2): 9.0}]
     merged, counts = merge.merge(tables, scores, batch_invariant=True)
-    assert {tuple(e["tactic"]) for e in merged} == {(128, 8, 4, 13, 1)} and counts == [2, 0]
+    assert {SplitKTactic.from_dict(e["tactic"]) for e in merged} == {SPLIT_4} and counts == [2, 0]
 
 
 def test_replace_shapes_swaps_whole_shapes_and_keeps_the_rest(tmp_path, monkeypatch, capsys):
     replace = load_script("replace_shapes")
     table, tuned = tmp_path / "table.json", tmp_path / "tuned.json"
-    old = [entry(n, b, [64, 8, 2, 4, 1], invariant=True) for n in (1536, 2112) for b in (1, 8)]
+    # Format-1 tables (tactics as lists of their fields): the result is written in format 2.
+    old = [{**entry(n, b, SplitKTactic(64, 8, 2, 4), invariant=True), "tactic": [64, 8, 2, 4, 1]}
+           for n in (1536, 2112) for b in (1, 8)]
     table.write_text(json.dumps({"format": 1, "cutlass_dsl": "4.8.1", "measured": "2026-12-01", "entries": old}))
-    new = [entry(2112, 1, [64, 8, 4, 4, 1], invariant=True)]  # one batch: the shape's other cells go too
+    # One batch: the shape's other cells go too.
+    new = [{**entry(2112, 1, SplitKTactic(64, 8, 4, 4), invariant=True), "tactic": [64, 8, 4, 4, 1]}]
     tuned.write_text(json.dumps({"format": 1, "cutlass_dsl": "4.8.1", "measured": "2026-12-03", "entries": new}))
     monkeypatch.setattr("sys.argv", ["replace_shapes", str(table), str(tuned)])
     replace.main()
     document = json.loads(table.read_text())
-    assert {(e["n"], e["batch"]): e["tactic"][2] for e in document["entries"]} == {(1536, 1): 2, (1536, 8): 2, (2112, 1): 4}
+    assert document["format"] == 2
+    assert {(e["n"], e["batch"]): e["tactic"]["split"] for e in document["entries"]} == {
+        (1536, 1): 2, (1536, 8): 2, (2112, 1): 4}
     assert document["measured"] == "2026-12-03"
     assert "1 shapes replaced (1 cells), 2 cells kept" in capsys.readouterr().out
     # A free table's cells never go into a batch-invariant one.
-    tuned.write_text(json.dumps({"format": 1, "cutlass_dsl": "4.8.1", "measured": "2026-12-03",
-                                 "entries": [entry(2112, 1, [64, 8, 4, 4, 1])]}))
+    tuned.write_text(json.dumps({"format": 2, "cutlass_dsl": "4.8.1", "measured": "2026-12-03",
+                                 "entries": [entry(2112, 1, SplitKTactic(64, 8, 4, 4))]}))
     with pytest.raises(SystemExit):
         replace.main()
     assert json.loads(table.read_text()) == document
     # A merge that would not load (a tactic no kernel can run) leaves the table as it was.
-    tuned.write_text(json.dumps({"format": 1, "cutlass_dsl": "4.8.1", "measured": "2026-12-03",
-                                 "entries": [entry(2112, 1, [65, 8, 4, 4, 1], invariant=True)]}))
+    tuned.write_text(json.dumps({"format": 2, "cutlass_dsl": "4.8.1", "measured": "2026-12-03",
+                                 "entries": [entry(2112, 1, SplitKTactic(65, 8, 4, 4), invariant=True)]}))
     with pytest.raises(ValueError, match="no longer valid"):
         replace.main()
     assert json.loads(table.read_text()) == document and sorted(tmp_path.iterdir()) == [table, tuned]
@@ -285,7 +297,7 @@ def test_time_tactics_parses_cells_and_flags():
     assert (n, k, batch) == (6288, 7168, 64)
     assert tactics[0].multicast == 4 and not tactics[0].weight_as_b
     assert tactics[1].weight_as_b and (tactics[1].weight_rows, tactics[1].stages) == (96, 11)
-    assert tactics[2] == SplitKTactic(56, 8, 1, 6, 4, dependents_at_start=True)
+    assert tactics[2] == SplitKTactic(56, 8, 1, 6, k_boxes=4, dependents_at_start=True)
     assert tactics[3] == SplitKTactic(64, 8, 1, 6) and tactics[2].label == "(56,8,1,6,4,1,1,E)"
 
 
@@ -311,23 +323,19 @@ def test_ab_check_refuses_a_folder_without_the_package(tmp_path):
 def test_changed_cells_rank_by_the_same_runs_timings():
     script = load_script("changed_cells")
 
-    def entry(n, batch, tactic, invariant=False):
-        return {"gpu": "NVIDIA H200", "sm_count": 132, "n": n, "k": 7168, "weight_dtype": "bfloat16",
-                "output_dtype": "bfloat16", "batch_invariant": invariant, "batch": batch, "tactic": tactic, "us": 1.0}
-
-    a, b, c = [64, 64, 3, 7, 1, 1, 1, False, False, 1], [64, 64, 3, 5, 1, 1, 1, False, False, 1], \
-        [56, 64, 2, 6, 2, 1, 1, False, False, 1]
-    # Older tables leave out the fold: the same tactic is no change.
-    old = [entry(2112, 64, a), entry(2112, 48, a[:9]), entry(3584, 64, a, True)]
+    a, b, c = SplitKTactic(64, 64, 3, 7), SplitKTactic(64, 64, 3, 5), SplitKTactic(56, 64, 2, 6, k_boxes=2)
+    # The same tactic is no change, whether or not a table left out its default fields.
+    trimmed = {name: value for name, value in a.to_dict().items() if name != "fold"}
+    old = [entry(2112, 64, a), {**entry(2112, 48, a), "tactic": trimmed}, entry(3584, 64, a, True)]
     new = [entry(2112, 64, b), entry(2112, 48, a), entry(3584, 64, c, True)]
     # Scored as the tuner scores: the geometric mean over the contexts each row names (a row of an older file
     # names none: back to back, then after glue).
-    timings = [{"n": 2112, "k": 7168, "batch": 64, "timed": [[a, 10.0, 12.0], [b, 9.9, 11.9]]},
+    timings = [{"n": 2112, "k": 7168, "batch": 64, "timed": [[list(a.to_dict().values()), 10.0, 12.0], [list(b.to_dict().values()), 9.9, 11.9]]},
                {"n": 3584, "k": 7168, "batch": 64, "contexts": ["chain", "pdl-glue", "glue"],
-                "timed": [[a, 15.0, 16.0, 18.0], [c, 14.4, 15.0, 16.2]]}]
+                "timed": [[a.to_dict(), 15.0, 16.0, 18.0], [c.to_dict(), 14.4, 15.0, 16.2]]}]
     found = script.changed([(old[:2], new[:2]), (old[2:], new[2:])], timings)
     assert [cell for _, cell, _ in found] == [(3584, 7168, 64), (2112, 7168, 64)]  # 0.93 us, then 0.1
     assert abs(found[0][0] - ((15 * 16 * 18) ** (1 / 3) - (14.4 * 15 * 16.2) ** (1 / 3))) < 1e-9
     assert script.probe_cell(*found[0][1:]) == "3584x7168:64:64,64,3,7,1,1,1/56,64,2,6,2,1,1"
     time_tactics = load_script("time_tactics")
-    assert time_tactics.parse_cell(script.probe_cell(*found[0][1:]))[3][1] == SplitKTactic(56, 64, 2, 6, 2)
+    assert time_tactics.parse_cell(script.probe_cell(*found[0][1:]))[3][1] == SplitKTactic(56, 64, 2, 6, k_boxes=2)

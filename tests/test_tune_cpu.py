@@ -12,7 +12,7 @@ import torch
 from decode_projection import tune as tuning
 from decode_projection.gpu import H200
 from decode_projection.policies import predicted_time_us
-from decode_projection.tactic import SplitKTactic
+from decode_projection.tactic import SplitKTactic, stored_tactic
 from decode_projection.tables import TableKey, load_table, read_entries
 
 
@@ -115,8 +115,8 @@ def test_a_candidate_that_does_not_compile_is_left_out_with_a_warning(fake_gpu, 
     monkeypatch.setattr(tuning, "compile_all", compile_all)
     tuning.tune([(1536, 128)], [1, 8], limit=2, timings_path=tmp_path / "timings.json")
     assert f"{broken} does not compile, left out of the tune: RuntimeError" in caplog.text
-    timed = {tuple(t[0]) for row in json.loads((tmp_path / "timings.json").read_text()) for t in row["timed"]}
-    assert dataclasses.astuple(working) in timed and dataclasses.astuple(broken) not in timed
+    timed = {stored_tactic(t[0]) for row in json.loads((tmp_path / "timings.json").read_text()) for t in row["timed"]}
+    assert working in timed and broken not in timed
     # A cell left with nothing to time stops the tune, naming it.
     monkeypatch.setattr(tuning, "candidate_tactics", lambda *args, **kwargs: [broken])
     with pytest.raises(RuntimeError, match="no candidate compiled for 1536x128 M=1, 1536x128 M=8"):
@@ -145,8 +145,8 @@ def test_every_order_that_won_a_streaming_batch_is_timed_at_every_batch(fake_gpu
     _, invariant = tuning.tune([(2112, 7168), (7168, 1536)], [1, 16], limit=1, invariant_limit=1,
                                timings_path=tmp_path / "timings.json", invariant_out_path=tmp_path / "invariant.json")
     rows = json.loads((tmp_path / "timings.json").read_text())
-    assert all(sorted(t[0][2] for t in row["timed"]) == [2, 4] for row in rows)
-    assert all(len({tuple(e["tactic"])[2] for e in invariant if e["n"] == n}) == 1 for n in (2112, 7168))
+    assert all(sorted(stored_tactic(t[0]).split for t in row["timed"]) == [2, 4] for row in rows)
+    assert all(len({stored_tactic(e["tactic"]).split for e in invariant if e["n"] == n}) == 1 for n in (2112, 7168))
     assert len(load_table(tmp_path / "invariant.json")) == 2
 
 
@@ -161,26 +161,30 @@ def test_an_order_with_no_tactic_at_some_batch_is_not_probed_there(fake_gpu, mon
     monkeypatch.setattr(tuning, "candidate_tactics", candidates)
     _, invariant = tuning.tune([(2112, 7168)], [1, 16], limit=1, invariant_limit=1,
                                invariant_out_path=tmp_path / "invariant.json")
-    assert {tuple(e["tactic"])[2] for e in invariant} == {4}
+    assert {stored_tactic(e["tactic"]).split for e in invariant} == {4}
 
 
 def test_the_invariant_pass_also_times_early_twins_of_its_pinned_candidates(fake_gpu, monkeypatch, tmp_path):
     # The free candidate shares an SM with another CTA (no twin); the pinned order's candidate has one to itself.
     def candidates(n, k, batch, gpu, *, limit, order=None):
-        return [SplitKTactic(64, 8, *order[:1], 12, *order[1:])] if order else [SplitKTactic(64, 32, 1, 4, 2)]
+        if order:
+            split, k_boxes = order
+            return [SplitKTactic(64, 8, split, 12, k_boxes=k_boxes)]
+        return [SplitKTactic(64, 32, 1, 4, k_boxes=2)]
 
     monkeypatch.setattr(tuning, "candidate_tactics", candidates)
     _, invariant = tuning.tune([(7168, 1536)], [1], limit=1, invariant_limit=1,
                                timings_path=tmp_path / "timings.json", invariant_out_path=tmp_path / "invariant.json")
     (row,) = json.loads((tmp_path / "timings.json").read_text())
-    assert [SplitKTactic(*t[0]) for t in row["timed"]] == [
-        SplitKTactic(64, 32, 1, 4, 2), SplitKTactic(64, 8, 1, 12, 2), SplitKTactic(64, 8, 1, 12, 2, dependents_at_start=True)]
-    assert {SplitKTactic(*e["tactic"]).summation_order for e in invariant} == {(1, 2)}
+    assert [stored_tactic(t[0]) for t in row["timed"]] == [
+        SplitKTactic(64, 32, 1, 4, k_boxes=2), SplitKTactic(64, 8, 1, 12, k_boxes=2),
+        SplitKTactic(64, 8, 1, 12, k_boxes=2, dependents_at_start=True)]
+    assert {stored_tactic(e["tactic"]).summation_order for e in invariant} == {(1, 2)}
 
 
 def test_a_cell_whose_pinned_candidates_were_all_timed_is_not_timed_again(fake_gpu, monkeypatch, tmp_path):
     # The free pass already timed the pinned order's only candidate (and its early twin).
-    monkeypatch.setattr(tuning, "candidate_tactics", lambda *args, **kwargs: [SplitKTactic(64, 8, 1, 12, 2)])
+    monkeypatch.setattr(tuning, "candidate_tactics", lambda *args, **kwargs: [SplitKTactic(64, 8, 1, 12, k_boxes=2)])
     _, invariant = tuning.tune([(7168, 1536)], [1, 8], limit=1, invariant_limit=1,
                                timings_path=tmp_path / "timings.json", invariant_out_path=tmp_path / "invariant.json")
     rows = json.loads((tmp_path / "timings.json").read_text())
@@ -199,7 +203,7 @@ def test_the_current_tables_tactics_are_timed_too(fake_gpu, monkeypatch, tmp_pat
         tables[key] = {1: tactic}
     tuning.tune([(1536, 128)], [1, 2], limit=1, timings_path=tmp_path / "timings.json", incumbents=tables)
     rows = json.loads((tmp_path / "timings.json").read_text())
-    timed = {row["batch"]: {SplitKTactic(*t[0]) for t in row["timed"]} for row in rows}
+    timed = {row["batch"]: {stored_tactic(t[0]) for t in row["timed"]} for row in rows}
     # The unclustered incumbent is also timed letting the next launch in as it starts.
     early = SplitKTactic(128, 8, 1, 13, dependents_at_start=True)
     assert timed[1] == {SplitKTactic(64, 8, 8, 3), incumbent, invariant_incumbent, early}
@@ -209,7 +213,7 @@ def test_the_current_tables_tactics_are_timed_too(fake_gpu, monkeypatch, tmp_pat
     tables[TableKey(H200.name, H200.sm_count, 1536, 128, "bfloat16", "bfloat16", False)][16] = larger
     tuning.tune([(1536, 128)], [1, 2], limit=1, timings_path=tmp_path / "timings.json", incumbents=tables)
     rows = json.loads((tmp_path / "timings.json").read_text())
-    timed = {row["batch"]: {SplitKTactic(*t[0]) for t in row["timed"]} for row in rows}
+    timed = {row["batch"]: {stored_tactic(t[0]) for t in row["timed"]} for row in rows}
     assert timed[1] == {SplitKTactic(64, 8, 8, 3), incumbent, invariant_incumbent, early, larger}
     assert timed[2] == {SplitKTactic(64, 8, 8, 3), larger}
 
@@ -229,7 +233,7 @@ def test_a_retune_keeps_the_held_tactic_unless_a_challenger_beats_it_by_the_marg
 
         monkeypatch.setattr(tuning, "ShapeTimer", Timer)
         (entry,), _ = tuning.tune([(1536, 128)], [1], limit=1, incumbents=incumbents)
-        return SplitKTactic(*entry["tactic"])
+        return stored_tactic(entry["tactic"])
 
     holding = {key: {1: held}}
     assert picks(10.1, 10.0, holding) == held  # 1% behind: a near-tie, which flips between runs
@@ -255,15 +259,15 @@ def test_the_held_tactic_does_not_hide_a_faster_order_from_the_invariant_pass(fa
     tuning.tune([(1536, 128)], [1, 2], limit=1, invariant_limit=1, incumbents={key: {1: held}},
                 timings_path=tmp_path / "timings.json")
     rows = json.loads((tmp_path / "timings.json").read_text())
-    tactics = {row["batch"]: {SplitKTactic(*t[0]) for t in row["timed"]} for row in rows}
-    assert challenger in tactics[2]
+    timed = {row["batch"]: {stored_tactic(t[0]) for t in row["timed"]} for row in rows}
+    assert challenger in timed[2]
 
 
 def test_the_invariant_order_keeps_streaming_batches_within_ten_percent_then_costs_least():
     # Batch 1's winner (4 boxes) is 1% ahead at batch 1 but 3x behind at batch 256: the order
     # chosen for every batch is the one that costs least over all of them.
     def timed_order(split, k_boxes, us, chained=None):
-        return timed(SplitKTactic(128, 8, split, 3, k_boxes), us if chained is None else chained, us)
+        return timed(SplitKTactic(128, 8, split, 3, k_boxes=k_boxes), us if chained is None else chained, us)
 
     batch_1 = [timed_order(4, 4, 10.0), timed_order(2, 1, 10.1), timed_order(8, 1, 9.95)]
     batch_256 = [timed_order(4, 4, 60.0), timed_order(2, 1, 20.0)]
@@ -283,20 +287,20 @@ def test_the_invariant_order_keeps_streaming_batches_within_ten_percent_then_cos
     with pytest.raises(ValueError, match="weight as A"):
         tuning.shared_order({128: [as_b], 256: [as_b]})
     # A padded weight tile sums in the order of the whole tile (verified on the GPU), so its order may win.
-    padded = timed(SplitKTactic(56, 32, 1, 9, 2), 10.0)
-    assert padded.tactic.summation_order == (1, 2) and padded.tactic.invariance_verified
+    padded = timed(SplitKTactic(56, 32, 1, 9, k_boxes=2), 10.0)
+    assert padded.tactic.summation_order == (1, 2) and not padded.tactic.weight_as_b
     assert tuning.shared_order({16: [padded, timed_order(2, 1, 12.0)], 32: [padded, timed_order(2, 1, 13.0)]}) == (1, 2)
 
 
 def test_the_invariant_pick_keeps_a_streaming_batch_within_ten_percent_in_every_context():
     # Two tactics sum in (1, 1): the better score runs 18% over the free pick back to back, the other 4-6%.
-    free = timed(SplitKTactic(56, 48, 1, 8, 2), 6.6, 8.8)
-    over = timed(SplitKTactic(64, 48, 1, 8, 1), 7.8, 8.2)
-    within = timed(SplitKTactic(128, 48, 1, 10, 1), 6.9, 9.3)
+    free = timed(SplitKTactic(56, 48, 1, 8, k_boxes=2), 6.6, 8.8)
+    over = timed(SplitKTactic(64, 48, 1, 8, k_boxes=1), 7.8, 8.2)
+    within = timed(SplitKTactic(128, 48, 1, 10, k_boxes=1), 6.9, 9.3)
     assert over.score < within.score and free.score < over.score
     assert tuning.invariant_pick([free, over, within], (1, 1), 48) == within
     # Within 10% back to back but 12% over after glue: outside the allowance too.
-    after_glue = timed(SplitKTactic(128, 48, 1, 10, 1), 6.9, 9.9)
+    after_glue = timed(SplitKTactic(128, 48, 1, 10, k_boxes=1), 6.9, 9.9)
     assert tuning.invariant_pick([free, over, after_glue], (1, 1), 48) == over
     # Where no tactic of the order stays within the allowance, the best score; at a compute-bound batch too.
     assert tuning.invariant_pick([free, over], (1, 1), 48) == over
@@ -305,7 +309,7 @@ def test_the_invariant_pick_keeps_a_streaming_batch_within_ten_percent_in_every_
     # An order is judged by what its table would ship: with ``within`` (1, 1) keeps batch 48 inside the
     # allowance, and then costs less than (2, 1); judged by its best score it would have lost to (2, 1).
     as_b = timed(SplitKTactic(112, 128, 1, 4, weight_as_b=True), 6.6, 8.8)
-    split = timed(SplitKTactic(128, 48, 2, 10, 1), 7.1, 9.9)
+    split = timed(SplitKTactic(128, 48, 2, 10, k_boxes=1), 7.1, 9.9)
     assert tuning.shared_order({48: [as_b, over, within, split], 256: [as_b, over, split]}) == (1, 1)
     assert tuning.shared_order({48: [as_b, over, split], 256: [as_b, over, split]}) == (2, 1)
 
@@ -313,11 +317,11 @@ def test_the_invariant_pick_keeps_a_streaming_batch_within_ten_percent_in_every_
 def test_a_pinned_order_replaces_the_rules_choice(fake_gpu, tmp_path):
     shape, batches = (3072, 7168), [1, 16, 64, 128]
     _, chosen = tuning.tune([shape], batches, limit=4, invariant_limit=3)
-    rule = {SplitKTactic(*e["tactic"]).summation_order for e in chosen}
+    rule = {stored_tactic(e["tactic"]).summation_order for e in chosen}
     pinned = next(order for order in [(2, 1), (4, 1), (1, 2)] if {order} != rule)
     _, invariant = tuning.tune([shape], batches, limit=4, invariant_limit=3, pinned_orders={shape: pinned},
                                invariant_out_path=tmp_path / "invariant.json")
-    assert {SplitKTactic(*e["tactic"]).summation_order for e in invariant} == {pinned}
+    assert {stored_tactic(e["tactic"]).summation_order for e in invariant} == {pinned}
     assert len(invariant) == len(batches) and len(load_table(tmp_path / "invariant.json")) == 1
 
 
