@@ -1,4 +1,4 @@
-"""Command line: ``python -m decode_projection bench``, ``warm`` and ``tune``."""
+"""Command line: ``python -m decode_projection bench``, ``warm``, ``tune`` and ``tables``."""
 
 import argparse
 import datetime
@@ -10,74 +10,10 @@ from pathlib import Path
 
 import torch
 
-from .tactic import K_BOXES
+from .cli_args import SHIPPED_ORDERS, batch_list, context_list, pinned_order, positive_int, shape
 from .workload import DECODE_BATCHES, KIMI_K3_SHAPES
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-LARGEST_BATCH = max(DECODE_BATCHES)  # the CLI works on padded decode batches; the API takes any
-
-
-def shape(text):
-    """``"2112x7168"`` -> ``(2112, 7168)``."""
-    try:
-        n, k = (int(part) for part in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"shape must look like 2112x7168, got {text!r}") from None
-    if n < 1 or k < 1:
-        raise argparse.ArgumentTypeError(f"shape extents must be positive, got {text!r}")
-    if k % 8 or max(n, k) >= 2**31:  # what PreparedProjection takes (check_weight)
-        raise argparse.ArgumentTypeError(f"shape needs K % 8 == 0 and N, K < 2^31, got {text!r}")
-    return n, k
-
-
-SHIPPED_ORDERS = "shipped"  # --invariant-order's value that pins every tuned shape to its shipped order
-
-
-def pinned_order(text):
-    """``"3072x7168=2,1"`` -> ``((3072, 7168), (2, 1))``: a shape and its summation order (split, K boxes);
-    ``"shipped"`` is kept as is."""
-    if text == SHIPPED_ORDERS:
-        return text
-    try:
-        weight, order = text.split("=")
-        split, k_boxes = (int(part) for part in order.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"an order must look like 3072x7168=2,1, got {text!r}") from None
-    if split < 1 or k_boxes not in K_BOXES:
-        raise argparse.ArgumentTypeError(f"split must be positive and K boxes one of {K_BOXES}, got {text!r}")
-    return shape(weight), (split, k_boxes)
-
-
-def batch_list(text):
-    """``"1,2,4"`` -> ``[1, 2, 4]``."""
-    try:
-        batches = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"batches must look like 1,2,4, got {text!r}") from None
-    if not all(1 <= b <= LARGEST_BATCH for b in batches):
-        raise argparse.ArgumentTypeError(f"batches must be 1..{LARGEST_BATCH} (padded decode batches), got {text!r}")
-    return batches
-
-
-def context_list(text):
-    """``"chain,glue"`` -> ``["chain", "glue"]``: launch contexts, each a name of timing.CONTEXTS, each once."""
-    from .timing import CONTEXTS
-
-    contexts = text.split(",")
-    if not set(contexts) <= set(CONTEXTS) or len(set(contexts)) < len(contexts):
-        raise argparse.ArgumentTypeError(f"contexts must be some of {','.join(CONTEXTS)}, each once, got {text!r}")
-    return contexts
-
-
-def positive_int(text):
-    """``"4"`` -> ``4``; zero and negatives are refused."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
-    return value
 
 
 def configure_logging(verbose: bool) -> None:
@@ -221,6 +157,22 @@ def tune(args):
     return 0
 
 
+def tables(args, parser):
+    """``tables replace | merge | diff`` (table_tools); a file that is not what it must be is a usage error."""
+    from . import table_tools
+
+    try:
+        if args.table_command == "replace":
+            print(table_tools.replace_shapes(args.table, args.tuned))
+        elif args.table_command == "merge":
+            print(table_tools.merge_runs(args.files, args.out))
+        else:
+            print(table_tools.diff(args.tables, args.timings, args.most))
+    except (OSError, ValueError) as error:
+        parser.error(f"tables {args.table_command}: {error}")
+    return 0
+
+
 def main(argv=None):
     """Parse arguments and run a subcommand."""
     parser = argparse.ArgumentParser(prog="python -m decode_projection", description=__doc__)
@@ -285,8 +237,22 @@ def main(argv=None):
     run_tune.add_argument("--context", type=context_list,
                           help="launch contexts each candidate is timed in, scored by the geometric mean of its "
                                "times in them (names as for bench; default: all three)")
+    run_tables = commands.add_parser("tables", help="replace shapes of, merge or compare tuned tables")
+    table_commands = run_tables.add_subparsers(dest="table_command", required=True)
+    replace_shapes = table_commands.add_parser("replace", help="the shapes TUNED holds replace TABLE's, in place")
+    replace_shapes.add_argument("table", help="the table to update in place")
+    replace_shapes.add_argument("tuned", help="a table whose shapes replace the table's")
+    merge = table_commands.add_parser("merge", help="per cell the faster tactic of two tables, by their benchmarks")
+    merge.add_argument("files", nargs="+", help="table A, its benchmark JSONs, table B, its benchmark JSONs")
+    merge.add_argument("--out", required=True, help="path of the merged table")
+    compare = table_commands.add_parser("diff", help="the cells a re-tune changed, largest gain first")
+    compare.add_argument("tables", nargs="+", help="old and new table, in pairs")
+    compare.add_argument("--timings", required=True, help="the re-tune's --timings JSON")
+    compare.add_argument("--most", type=positive_int, default=8, help="cells in the probe list (default: %(default)s)")
     args = parser.parse_args(argv)
     configure_logging(args.verbose)
+    if args.command == "tables":
+        return tables(args, parser)
     if args.command == "tune" and args.update and args.batch_invariant_out:
         parser.error("--update re-tunes some cells of a free table; a batch-invariant order needs every batch")
     if args.command == "tune" and args.update and not Path(args.out).is_file():

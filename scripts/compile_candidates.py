@@ -17,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
-from decode_projection.__main__ import batch_list, positive_int, shape
+from decode_projection.cli_args import batch_list, positive_int, shape
 from decode_projection.gpu import H200
 from decode_projection.tables import invariant_orders, shipped_tables
 from decode_projection.tune import chosen_order_candidates, free_candidates

@@ -1,4 +1,5 @@
-"""The measurement scripts: speed bars, merging tuned tables by benchmark, replacing shapes, profile summaries."""
+"""The measurement scripts and the table tools: speed bars, merging tuned tables by benchmark, replacing shapes,
+the cells a re-tune changed, profile summaries."""
 
 import importlib.util
 import json
@@ -6,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from decode_projection import SplitKTactic
+from decode_projection import SplitKTactic, table_tools
+from decode_projection.__main__ import main
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
@@ -162,9 +164,8 @@ def write_run(tmp_path, name, entries, times, policy, source="table", *, run_for
     return paths
 
 
-def run_merge(merge, monkeypatch, a, b, out):
-    monkeypatch.setattr("sys.argv", ["merge_tables", *map(str, a), *map(str, b), "--out", str(out)])
-    merge.main()
+def run_merge(a, b, out):
+    assert main(["tables", "merge", *map(str, a), *map(str, b), "--out", str(out)]) == 0
     return {(e["n"], e["batch"]): SplitKTactic.from_dict(e["tactic"]) for e in json.loads(out.read_text())["entries"]}
 
 
@@ -173,19 +174,17 @@ SPLIT_4, SPLIT_8 = SplitKTactic(128, 8, 4, 13), SplitKTactic(64, 8, 8, 6)
 
 @pytest.mark.parametrize("run_format", [1, 2])
 def test_merge_takes_the_faster_tactic_per_cell(tmp_path, capsys, monkeypatch, run_format):
-    merge = load_script("merge_tables")
     a = write_run(tmp_path, "a", [entry(1536, 1, SPLIT_4), entry(1536, 2, SPLIT_4)],
                   {(1536, 1): 5.0, (1536, 2): 7.0}, "tuned", run_format=run_format)
     b = write_run(tmp_path, "b", [entry(1536, 1, SPLIT_8), entry(1536, 2, SPLIT_8), entry(1536, 4, SPLIT_8)],
                   {(1536, 1): 6.0, (1536, 2): 6.5, (1536, 4): 6.5}, "tuned", run_format=run_format)
-    merged = run_merge(merge, monkeypatch, a, b, tmp_path / "merged.json")
+    merged = run_merge(a, b, tmp_path / "merged.json")
     # Batch 4 only table b has: it is kept, not dropped.
     assert merged == {(1536, 1): SPLIT_4, (1536, 2): SPLIT_8, (1536, 4): SPLIT_8}
     assert "1 from" in capsys.readouterr().out
 
 
-def test_merge_scores_a_cell_by_the_geometric_mean_over_the_contexts_of_one_benchmark(tmp_path, monkeypatch):
-    merge = load_script("merge_tables")
+def test_merge_scores_a_cell_by_the_geometric_mean_over_the_contexts_of_one_benchmark(tmp_path, capsys):
     runs = []
     for name, tactic, chain, glue in (("a", SPLIT_4, 5.0, 9.0), ("b", SPLIT_8, 6.0, 7.0)):
         table, bench = tmp_path / f"{name}.json", tmp_path / f"{name}-bench.json"
@@ -195,42 +194,40 @@ def test_merge_scores_a_cell_by_the_geometric_mean_over_the_contexts_of_one_benc
         bench.write_text(json.dumps({"format": 2, "meta": {}, "cells": cells}))
         runs.append([table, bench])
     # a is faster back to back, b after glue and by the geometric mean (6.48 us against 6.71).
-    assert run_merge(merge, monkeypatch, *runs, tmp_path / "merged.json") == {(1536, 1): SPLIT_8}
-    with pytest.raises(SystemExit, match="first file must be a table"):
-        run_merge(merge, monkeypatch, runs[0][::-1], runs[1], tmp_path / "merged.json")
+    assert run_merge(*runs, tmp_path / "merged.json") == {(1536, 1): SPLIT_8}
+    with pytest.raises(SystemExit):
+        run_merge(runs[0][::-1], runs[1], tmp_path / "merged.json")
+    assert "first file must be a table" in capsys.readouterr().err
 
 
-def test_merge_refuses_tables_of_several_gpus_or_dtypes(tmp_path, monkeypatch):
-    merge = load_script("merge_tables")
+def test_merge_refuses_tables_of_several_gpus_or_dtypes(tmp_path, capsys):
     a = write_run(tmp_path, "a", [entry(1536, 1, SPLIT_4)], {(1536, 1): 5.0}, "tuned")
     fp32 = {**entry(1536, 1, SPLIT_8), "output_dtype": "float32"}
     b = write_run(tmp_path, "b", [fp32], {(1536, 1): 6.0}, "tuned")
-    with pytest.raises(SystemExit, match="one GPU, dtype pair and mode"):
-        run_merge(merge, monkeypatch, a, b, tmp_path / "merged.json")
+    with pytest.raises(SystemExit):
+        run_merge(a, b, tmp_path / "merged.json")
+    assert "one GPU, dtype pair and mode" in capsys.readouterr().err
 
 
 def test_merge_ignores_times_of_tactics_the_table_does_not_hold(tmp_path, monkeypatch):
-    merge = load_script("merge_tables")
     # Table a's benchmark fell back to the heuristic: its fast time says nothing about table a's tactic.
     a = write_run(tmp_path, "a", [entry(1536, 1, SPLIT_4)], {(1536, 1): 1.0}, "tuned", source="heuristic")
     b = write_run(tmp_path, "b", [entry(1536, 1, SPLIT_8)], {(1536, 1): 6.0}, "tuned")
-    assert run_merge(merge, monkeypatch, a, b, tmp_path / "merged.json") == {(1536, 1): SPLIT_8}
+    assert run_merge(a, b, tmp_path / "merged.json") == {(1536, 1): SPLIT_8}
 
 
 def test_merge_keeps_one_summation_order_per_shape_when_batch_invariant():
-    merge = load_script("merge_tables")
     tables = [
         {"entries": [entry(1536, 1, SPLIT_4, True), entry(1536, 2, SPLIT_4, True)]},
         {"entries": [entry(1536, 1, SPLIT_8, True), entry(1536, 2, SPLIT_8, True)]},
     ]
     # Run b wins batch 1 alone but loses the shape as a whole: all of run a's entries stay.
     scores = [{(1536, 7168, 1): 5.0, (1536, 7168, 2): 5.0}, {(1536, 7168, 1): 4.0, (1536, 7168, 2): 9.0}]
-    merged, counts = merge.merge(tables, scores, batch_invariant=True)
+    merged, counts = table_tools.merge(tables, scores, batch_invariant=True)
     assert {SplitKTactic.from_dict(e["tactic"]) for e in merged} == {SPLIT_4} and counts == [2, 0]
 
 
-def test_replace_shapes_swaps_whole_shapes_and_keeps_the_rest(tmp_path, monkeypatch, capsys):
-    replace = load_script("replace_shapes")
+def test_replace_shapes_swaps_whole_shapes_and_keeps_the_rest(tmp_path, capsys):
     table, tuned = tmp_path / "table.json", tmp_path / "tuned.json"
     # Format-1 tables (tactics as lists of their fields): the result is written in format 2.
     old = [{**entry(n, b, SplitKTactic(64, 8, 2, 4), invariant=True), "tactic": [64, 8, 2, 4, 1]}
@@ -239,8 +236,7 @@ def test_replace_shapes_swaps_whole_shapes_and_keeps_the_rest(tmp_path, monkeypa
     # One batch: the shape's other cells go too.
     new = [{**entry(2112, 1, SplitKTactic(64, 8, 4, 4), invariant=True), "tactic": [64, 8, 4, 4, 1]}]
     tuned.write_text(json.dumps({"format": 1, "cutlass_dsl": "4.8.1", "measured": "2026-12-03", "entries": new}))
-    monkeypatch.setattr("sys.argv", ["replace_shapes", str(table), str(tuned)])
-    replace.main()
+    assert main(["tables", "replace", str(table), str(tuned)]) == 0
     document = json.loads(table.read_text())
     assert document["format"] == 2
     assert {(e["n"], e["batch"]): e["tactic"]["split"] for e in document["entries"]} == {
@@ -251,13 +247,14 @@ def test_replace_shapes_swaps_whole_shapes_and_keeps_the_rest(tmp_path, monkeypa
     tuned.write_text(json.dumps({"format": 2, "cutlass_dsl": "4.8.1", "measured": "2026-12-03",
                                  "entries": [entry(2112, 1, SplitKTactic(64, 8, 4, 4))]}))
     with pytest.raises(SystemExit):
-        replace.main()
+        main(["tables", "replace", str(table), str(tuned)])
     assert json.loads(table.read_text()) == document
     # A merge that would not load (a tactic no kernel can run) leaves the table as it was.
     tuned.write_text(json.dumps({"format": 2, "cutlass_dsl": "4.8.1", "measured": "2026-12-03",
                                  "entries": [entry(2112, 1, SplitKTactic(65, 8, 4, 4), invariant=True)]}))
-    with pytest.raises(ValueError, match="no longer valid"):
-        replace.main()
+    with pytest.raises(SystemExit):
+        main(["tables", "replace", str(table), str(tuned)])
+    assert "no longer valid" in capsys.readouterr().err
     assert json.loads(table.read_text()) == document and sorted(tmp_path.iterdir()) == [table, tuned]
 
 
@@ -321,7 +318,7 @@ def test_ab_check_refuses_a_folder_without_the_package(tmp_path):
 
 
 def test_changed_cells_rank_by_the_same_runs_timings():
-    script = load_script("changed_cells")
+    script = table_tools
 
     a, b, c = SplitKTactic(64, 64, 3, 7), SplitKTactic(64, 64, 3, 5), SplitKTactic(56, 64, 2, 6, k_boxes=2)
     # The same tactic is no change, whether or not a table left out its default fields.
@@ -330,7 +327,8 @@ def test_changed_cells_rank_by_the_same_runs_timings():
     new = [entry(2112, 64, b), entry(2112, 48, a), entry(3584, 64, c, True)]
     # Scored as the tuner scores: the geometric mean over the contexts each row names (a row of an older file
     # names none: back to back, then after glue).
-    timings = [{"n": 2112, "k": 7168, "batch": 64, "timed": [[list(a.to_dict().values()), 10.0, 12.0], [list(b.to_dict().values()), 9.9, 11.9]]},
+    timings = [{"n": 2112, "k": 7168, "batch": 64,
+                "timed": [[list(a.to_dict().values()), 10.0, 12.0], [list(b.to_dict().values()), 9.9, 11.9]]},
                {"n": 3584, "k": 7168, "batch": 64, "contexts": ["chain", "pdl-glue", "glue"],
                 "timed": [[a.to_dict(), 15.0, 16.0, 18.0], [c.to_dict(), 14.4, 15.0, 16.2]]}]
     found = script.changed([(old[:2], new[:2]), (old[2:], new[2:])], timings)
