@@ -57,32 +57,33 @@ COLUMN_GROUP_CANDIDATES = 2  # slots for the best 64-row tactics with two warpgr
 WEIGHT_AS_B_CANDIDATES = 4  # slots for the best tactics with the weight as wgmma's B, sized to fill the SMs
 # Slots for weight-as-B tiles whose weight tile is multicast to every activation tile of the batch: on the H200 each
 # 128-row pair ran 0.6-1.0 us faster back to back than its unshared tile at M=256 and 0.1-2.3 us after glue, and three
-# 64-row tiles sharing 96-row weight tiles took 3072 x 7168 M=192 from 20.8 to 18.3 us (docs/performance.md, v33).
+# 64-row tiles sharing 96-row weight tiles took 3072 x 7168 M=192 from 20.8 to 18.3 us (docs/compute-bound-tiling.md).
 SHARED_WEIGHT_CANDIDATES = 3
 PADDED_TILE_CANDIDATES = 3  # slots for SM-filling weight-as-A tiles padded to whole warpgroups (padded_tile_tactics)
 # Padded tiles are offered up to this many activation rows: at M=96 on 6288 x 7168, 131 tiles of 48 rows in 2-box
-# stages ran 24.90 us back to back against 26.94 for the best whole tile (docs/performance.md, v34).
+# stages ran 24.90 us back to back against 26.94 for the best whole tile (docs/padded-and-folded-tiles.md).
 PADDED_TILE_ROWS = 96
 FOLDED_CANDIDATES = 2  # slots for SM-filling tiles with K folded into one warpgroup tile (folded_tactics)
 # Slots for split tactics without a buffer for their partials, in fewer stages that leave them one with as many CTAs
 # per SM (buffered_partials_tactics). On the H200, 2304 x 1536 M=64 ran (64,64,3,5) 0.43 us faster after glue than
 # (64,64,3,7) and 0.03 us slower back to back, where at K = 7168 the fewer stages of two CTAs per SM lost 0.2-0.5 us
-# (v36); with one CTA per SM, 3584 x 7168 M=64 ran the padded split tile (56,64,2,6,2) 0.2-0.3 us faster both ways
-# than (56,64,2,7,2) and M=48 (56,48,2,7,2) 0.2 us faster back to back than (56,48,2,8,2) (v37).
+# (docs/split-k-reduction.md); with one CTA per SM, 3584 x 7168 M=64 ran the padded split tile (56,64,2,6,2)
+# 0.2-0.3 us faster both ways than (56,64,2,7,2) and M=48 (56,48,2,7,2) 0.2 us faster back to back than
+# (56,48,2,8,2).
 BUFFERED_PARTIALS_CANDIDATES = 2
 # A slot for the buffered twin of a split shared-weight tactic, the one that gives up the smallest share of its
-# stages: on 2112 x 7168 M=256 (80,128,2,7,1,2,1,B) ran 0.85 us faster back to back and 0.55 after glue than the
-# shipped (144,128,4,6,1,2,1,B) (v37); as the fourth shared-weight tactic in 8 stages it had no slot.
+# stages: on the H200 2112 x 7168 M=256 (80,128,2,7,1,2,1,B) ran 0.85 us faster back to back and 0.55 after glue
+# than the then shipped (144,128,4,6,1,2,1,B); as the fourth shared-weight tactic in 8 stages it had no slot.
 SHARED_WEIGHT_BUFFERED_CANDIDATES = 1
 # From these activation rows on the weight as B is worth timing: at M=64 its SM-filling tiles beat every
 # weight-as-A tactic on the largest weights by 3-4% (6288 x 7168: 48 x 64 tiles, 131 CTAs; 20480 x 7168:
-# 160 x 64, 128 CTAs), where 64 activation rows do 64 FLOP per weight byte (docs/performance.md, v17).
+# 160 x 64, 128 CTAs), where 64 activation rows do 64 FLOP per weight byte (docs/compute-bound-tiling.md).
 WEIGHT_AS_B_ROWS = 32
 # Unclustered tactics with an SM to themselves and streaming tiles (fewer than COMPUTE_BOUND_ROWS activation rows)
 # are also timed letting the next launch in as they start (SplitKTactic.dependents_at_start). On the H200 that won
 # 0.95 us back to back with 8-16 activation rows and 0.75 us with staged tiles (medians of 211 and 124 pairs) on
-# weights of 40 MB and more, and lost up to 7 us on some (docs/performance.md, v22); where two or more CTAs fit on
-# an SM it lost 2-24 us there (v21). Timing decides, for this many.
+# weights of 40 MB and more, and lost up to 7 us on some; where two or more CTAs fit on an SM it lost 2-24 us
+# there (docs/programmatic-launch.md). Timing decides, for this many.
 EARLY_DEPENDENTS_CANDIDATES = 3
 
 
@@ -156,7 +157,8 @@ def padded_tile_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200, order=N
     (else one-box, as at K=128), then the best split one; under ``order``, the best of its split and boxes."""
     # Wide stages, not the deepest one-box pipeline: with 25 one-box stages the padded tile was the fastest
     # back to back on 6288 x 7168 and 7168 x 14336 at M=1 but 2-4 us slower after glue; the same boxes in
-    # flight in stages of 2 or 4 boxes kept its back-to-back time and lost little after glue (v18).
+    # flight in stages of 2 or 4 boxes kept its back-to-back time and lost little after glue
+    # (docs/padded-and-folded-tiles.md).
     found = [t for t in filling_tactics(n, k, batch, gpu, weight_as_b=False)
              if t.weight_smem_rows > t.weight_rows]
     if order is not None:
@@ -195,12 +197,12 @@ def shared_weight_tactics(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> li
     """Per activation tile that covers the batch in 2 to 4 tiles, and split, the narrowest weight tile whose
     clusters (every activation tile sharing it) fit at once; the best predicted unsplit and split first."""
     # The kernel moves a last tile partly past the batch back to end at its last row: partly past it, such a tile
-    # ran its cluster 1.2-1.6x slower (v33); moved back, 6288 x 7168 M=96 on two 64-row tiles took 25.3 us, as
-    # M=128 did, against 29.5 (v34).
+    # ran its cluster 1.2-1.6x slower; moved back, 6288 x 7168 M=96 on two 64-row tiles took 25.3 us, as M=128
+    # did, against 29.5 (docs/compute-bound-tiling.md).
     # Clusters of 4 to 8 CTAs fit fewer than SMs / size at once (GpuSpec.cluster_slots): every slow shared tile of the
-    # v33 probes needed a second wave of clusters.
+    # first H200 probes of shared weight tiles needed a second wave of clusters.
     # Tiles partly past the batch only where no tile divides it: at M=192 a pair of 128-row tiles (a third of its
-    # rows repeated) ran 38.0 us against 34.4 for three 64-row tiles (v34).
+    # rows repeated) ran 38.0 us against 34.4 for three 64-row tiles.
     dividing = [a for a in ACTIVATION_ROWS_AS_A if batch % a == 0 and batch // a in MULTICASTS[1:]]
     found = []
     for acts in dividing or ACTIVATION_ROWS_AS_A:

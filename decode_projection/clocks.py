@@ -1,7 +1,7 @@
 """What the GPU ran at during a benchmark: SM clock, temperature and power, sampled by nvidia-smi.
 
 Two H200 runs of the same tactics differed by 1-3% per cell on average
-(docs/performance.md, v7), more than most tactic differences at small batches.
+(docs/measuring.md), more than most tactic differences at small batches.
 Clocks that drop under power or heat are the usual cause, so the benchmark
 samples them in the background (nvidia-smi reads the driver, not the GPU's
 work queue, so sampling does not disturb the timed kernels) and reports the

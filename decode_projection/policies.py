@@ -3,13 +3,13 @@
 At decode the projection streams the weight once, so what matters is keeping
 enough bytes in flight across the GPU to reach HBM bandwidth, without so many
 CTAs that split-K reductions and re-read activations cost more than they hide.
-Measured on an H200 (docs/performance.md): the deepest pipeline that fits wins.
+Measured on an H200 (docs/streaming.md): the deepest pipeline that fits wins.
 A weight tall enough gets one unsplit tile per SM, each as wide as the SMs
 leave it; for a shorter one about 0.4 CTAs per SM already saturate HBM when
 each keeps ~200 KB in flight, and past that, extra split only adds reduction
 work. Compute-bound batches (activation tiles of 96 or more) want the fullest
 grid that fits in one wave, neighbouring weight tiles sharing each activation
-load.
+load. The rules and their evidence: docs/tactics-and-heuristic.md.
 """
 
 import math
@@ -79,8 +79,8 @@ def default_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, batch_inv
         else HEURISTIC_WEIGHT_ROWS[0]
     tiles = math.ceil(n / rows)
     split = next((s for s in HEURISTIC_SPLITS if s <= most and tiles * s >= target), most)
-    # Wide stages took these picks from 1.09x the best timed tactic to 1.06x (v39: 32 of 32 changed cells
-    # faster); under batch invariance they would sum in an order that depends on the batch.
+    # Wide stages took these picks from 1.09x the best timed tactic to 1.06x (H200 tune timings, 2026-12-05: 32 of
+    # 32 changed cells faster); under batch invariance they would sum in an order that depends on the batch.
     boxes = 1 if batch_invariant else streaming_boxes(rows, acts, split, k)
     return as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split, boxes), k_boxes=boxes))
 
@@ -94,10 +94,11 @@ def streaming_boxes(rows: int, acts: int, split: int, k: int) -> int:
 
 def filling_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTactic | None:
     """For streaming batches: one unsplit tile per SM of 32-192 rows (a multiple of 8), else None."""
-    # As few rows as put one tile on each SM. In the H200 timings (docs/measurements/*tune-timings*) tiles of
-    # 48-160 rows ran 1.03x the best timed tactic where the split rule ran 1.085x (v30a: 61 of 66 cells faster),
-    # the 32-row tiles of 3584 x 7168 won or tied (v30a, v37: 10 of 10 faster, v39 even), and 16-24-row tiles
-    # lost to the split rule (24 rows: 1.10-1.16x against 1.05-1.06x, v30a-v39).
+    # As few rows as put one tile on each SM. In the H200 tune timings of 2026-12-04/05
+    # (docs/measurements/*tune-timings*) tiles of 48-160 rows ran 1.03x the best timed tactic where the split rule
+    # ran 1.085x (the full tune: 61 of 66 cells faster), the 32-row tiles of 3584 x 7168 won or tied (10 of 10
+    # faster in two files, even in a third), and 16-24-row tiles lost to the split rule in every file (24 rows:
+    # 1.10-1.16x against 1.05-1.06x).
     if gpu.sm_count < 1:
         return None
     rows = covering_rows(n, gpu.sm_count)
@@ -113,9 +114,9 @@ def shared_weight_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> Spl
     """For batches of 193-256: pairs of activation tiles sharing each weight tile (the weight as B), else None."""
     # cuBLAS's tiling at M=256: two 128-row activation tiles share each weight tile by multicast (each CTA loads
     # half of its rows), in as few rows (a multiple of 16) as fill the SMs with such pairs in one wave. In the H200
-    # timings of M=256 (v33, v33e) this pick ran 1.01x the best timed tactic where the one-wave rule ran
+    # tune timings of M=256 (2026-12-04) this pick ran 1.01x the best timed tactic where the one-wave rule ran
     # 1.13-1.17x (20 of 20 cells faster); the 32-row tiles of 2112 and 1536 rows were faster in only 3 of 10
-    # cells (v33-v39).
+    # cells (tune timings of 2026-12-04/05).
     pairs = SHARED_WEIGHT_PAIRS
     if activation_rows_for(batch) != ACTIVATION_ROWS[-1] or not gpu.clusters_at_once(pairs):
         return None
@@ -150,8 +151,9 @@ def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTa
     tactic = as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split)))
     # Neighbouring weight tiles share each activation load (TMA multicast) where that keeps a grid that runs to
     # its waves and the split is at most 2: in the H200 timings of M = 96-256 four sharers, else two, took the
-    # pick from 1.14x the best timed tactic to 1.09x (v33: 40 of 52 cells faster; v30a, v33e, v34a alike), and
-    # with splits of 4 the clusters of 8 lost (1536 x 7168, v37 and v39).
+    # pick from 1.14x the best timed tactic to 1.09x (40 of 52 cells faster in one tune, three more alike;
+    # docs/measurements/2026-12-05-heuristic-regret.txt), and with splits of 4 the clusters of 8 lost
+    # (1536 x 7168, in two tunes).
     unshared_waves = waves(tactic, n, batch, gpu)
     if tactic.split > MOST_SHARING_SPLIT or not math.isfinite(unshared_waves):
         return tactic

@@ -293,7 +293,7 @@ class PreparedProjection:
     launch: the weight streams while the previous kernel finishes, which pays
     where that kernel triggers its dependents early (another projection does).
     After a kernel that never does, as PyTorch's do not, False measured
-    0.14-0.53 us faster per launch on the H200 (docs/performance.md, v20).
+    0.14-0.53 us faster per launch on the H200 (docs/programmatic-launch.md).
     With it, the first weight stages load before the kernel waits on the
     previous one, which only the activations and the output depend on: a kernel
     that writes the weight and triggers its dependents early must not come just

@@ -64,6 +64,16 @@ once. The kernel is shaped around that:
 * Every output store carries the L2 policy EVICT_LAST (staged, direct, folded
   and split-K reduction epilogues alike): the output is the next kernel's
   input, and its lines then outlast the weight stream in L2.
+* Programmatic dependent launch: the weight does not depend on the previous
+  kernel, so the producer issues the first weight stages (as many as the
+  pipeline holds, up to the CTA's K tiles) before ``griddepcontrol.wait``;
+  the batch size, the activation loads and every write of ``out`` come after
+  a wait (unsplit tiles wait before the epilogue, split ranks once their
+  peers' partials have arrived). Each thread lets the next launch in
+  (``griddepcontrol.launch_dependents``) at the end of its main loop (the
+  producer after its last loads, the consumers after their last wgmma), or,
+  where the tactic says so (``dependents_at_start``), as the kernel starts
+  (docs/programmatic-launch.md).
 """
 
 import math
@@ -118,7 +128,7 @@ class SplitKGemm:
         self.tactic = as_tactic(tactic)
         # With programmatic dependent launch the weight streams while the previous kernel finishes
         # (1.2-1.5 us saved back to back on the H200); after a kernel that never triggers its
-        # dependents, as torch's do not, the launch attribute cost 0.14-0.53 us (docs/performance.md, v20).
+        # dependents, as torch's do not, the launch attribute cost 0.14-0.53 us (docs/programmatic-launch.md).
         self.programmatic_launch = programmatic_launch
         self.producer_warp = 4 * self.tactic.consumer_groups
         self.consumer_threads = 128 * self.tactic.consumer_groups
@@ -179,7 +189,7 @@ class SplitKGemm:
             grid=grid,
             block=(t.threads, 1, 1),
             # A cluster of one CTA is launched as no cluster at all: the cluster launch cost
-            # 0.3-0.5 us per launch after glue (docs/performance.md, v17).
+            # up to 0.5 us per launch after glue (docs/programmatic-launch.md).
             cluster=(t.split * t.activation_sharers, t.weight_sharers, 1) if t.split * t.multicast > 1 else None,
             stream=stream,
             use_pdl=self.programmatic_launch,
@@ -214,7 +224,7 @@ class SplitKGemm:
         if cutlass.const_expr(t.dependents_at_start):
             # The next launch's CTAs may take each SM as this launch's CTA there exits and stream their first
             # stages under this launch's tail: faster back to back only where one CTA fills an SM, and then not
-            # always (docs/performance.md, v21), so the tuner chooses.
+            # always (docs/programmatic-launch.md), so the tuner chooses.
             cute.arch.griddepcontrol_launch_dependents()
 
         # This CTA's K tiles: a contiguous slice, the last ranks' possibly empty; folded, stage i holds tile
@@ -287,7 +297,7 @@ class SplitKGemm:
                     state.advance()
                 cute.arch.griddepcontrol_wait()
                 # Only now the batch: a kernel parameter read before the weights are issued (and before an early
-                # trigger) cost up to 1.1 us after a glue kernel on the H200 (docs/performance.md, v34).
+                # trigger) cost up to 1.1 us after a glue kernel on the H200 (docs/programmatic-launch.md).
                 act_row0, _ = self.activation_origin(m_tile, out.shape[1])
                 tile_coords = cute.domain_offset((act_row0, 0, 0), act_coords)
                 if cutlass.const_expr(t.weight_as_b):
@@ -382,7 +392,7 @@ class SplitKGemm:
             # and griddepcontrol.wait. With nothing there, ptxas serializes every wgmma of the main loop
             # where the epilogue is staged (warning C7514: it counts the staging's accumulator reads as inside
             # the pipeline stage), up to 50% slower; a fence keeps the stage closed. One per thread, harmless
-            # for the other early tactics (docs/performance.md, v22).
+            # for the other early tactics (docs/programmatic-launch.md).
             cute.arch.fence_acq_rel_cta()
         if cutlass.const_expr(t.split == 1):
             cute.arch.griddepcontrol_wait()  # the reduction waits once its partials are sent
@@ -517,7 +527,7 @@ class SplitKGemm:
                     target = cute.make_ptr(out.element_type, address + ((col0 + m) * pitch_out + row0 + n) * 2,
                                            cute.AddressSpace.gmem, assumed_align=16)
                     # The output is the next kernel's input: kept in L2 past the weight stream (EVICT_FIRST). On
-                    # the H200, 0.1-1.6 us faster back to back at M = 32-64 (docs/performance.md, v26).
+                    # the H200, 0.1-1.6 us faster back to back at M = 32-64 (docs/l2-policies.md).
                     words = cute.arch.load(cute.recast_ptr(source, dtype=cutlass.Int32),
                                            ir.VectorType.get([VECTOR // 2], cutlass.Int32.mlir_type))
                     nvvm.store_ext(words, cute.recast_ptr(target, dtype=cutlass.Int32), l2_cache_hint=EVICT_LAST)
@@ -664,7 +674,7 @@ class SplitKGemm:
         rows, cols = out.shape[0], out.shape[1]
         # Every vector at a constant index with the rank as a predicate: indexed by the rank, each store's coordinates
         # were computed at run time, about 60 instructions a store, 1 us of the H200's 2 us reduction at M=64
-        # (docs/performance.md, v35).
+        # (docs/split-k-reduction.md).
         for g in cutlass.range_constexpr(groups):
             if g % t.split == rank:
                 # Here the rank is g % split, a constant, as is every slot; one vector of partials at a time.

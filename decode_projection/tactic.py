@@ -27,7 +27,7 @@ WEIGHT_ROWS = (64, 128, 192)  # whole tiles of one to three consumer warpgroups 
 # tile is rounded up to whole 64-row warpgroup tiles, whose rows past the TMA box are never loaded and whose
 # results are never stored. Such a tile lets the grid fill the SMs (7168 rows: 128 tiles of 56, where 64-row
 # tiles give 112) without the 64-row activation tile, mostly TMA zero fill at small batches, that the weight
-# as B needs (docs/performance.md, v18).
+# as B needs (docs/padded-and-folded-tiles.md).
 WEIGHT_ROWS_AS_A = tuple(range(8, WEIGHT_ROWS[-1] + 1, 8))
 # Consumer warpgroups that share one 64-row weight tile, each owning a slice of the activation
 # tile, so one's barrier waits overlap the other's wgmmas (one warpgroup kept the tensor pipe
@@ -308,7 +308,7 @@ class SplitKTactic:
         then sends its partials as its loop ends, with no cluster barrier first (SplitKGemm.reduce_across_cluster).
         Only where the stages leave room without lowering how many CTAs fit on an SM: on the H200 the buffer took
         64-row tiles at M = 48-64 from two CTAs per SM to one and cost them 0.1-0.3 us back to back
-        (docs/performance.md, v36)."""
+        (docs/split-k-reduction.md)."""
         if self.split == 1:
             return False
         pipeline = BARRIER_BYTES + self.stages * self.stage_bytes
@@ -379,7 +379,7 @@ class SplitKTactic:
         if self.split * self.multicast > PORTABLE_CLUSTER:
             found.append(f"cluster of split {self.split} x multicast {self.multicast} > {PORTABLE_CLUSTER} CTAs")
         if self.dependents_at_start and self.split * self.multicast > 1:
-            # Measured, not a limit of the hardware: clusters lost up to 2.9 us that way (docs/performance.md, v21).
+            # Measured, not a limit of the hardware: clusters lost up to 2.9 us that way (docs/programmatic-launch.md).
             found.append("only unclustered launches (split 1, multicast 1) let the next launch in as they start")
         if self.activation_sharers == 3:
             found.append("three CTAs share only a weight tile (the weight as B), not an activation tile")

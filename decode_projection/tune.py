@@ -21,7 +21,7 @@ batch up to 64 within 10% of the free table in every context (as the benchmark
 reads it), the one whose best time at each batch is closest to that batch's
 best over all orders (geometric mean of the ratios, over the orders timed at
 every batch; batch 1's winner where none is). The mean alone let nine cells
-run 11-16% over the free table back to back (v12).
+run 11-16% over the free table back to back (H200, 2026-12-03).
 Batch 1's winner alone is not enough: on 3072 x 7168 it took 4-box stages,
 which leave no shared memory for large activation tiles, and ran up to 3x
 behind at M >= 96. Before choosing, every order that won a streaming batch is
@@ -29,16 +29,16 @@ timed (ORDER_PROBE_CANDIDATES per cell) at the batches the free candidates
 left it out, so that it can be chosen. The tactics with the chosen order are
 timed at every batch next to the free candidates, and each table keeps its
 own best (the invariant table's within the 10% in every context at M <= 64 where
-one is: the mean alone took a tactic 17% over on 7168 x 1536 M=48, v31); so a
-row is summed in the same order whatever the batch, and the free table may
-also pick an invariant candidate. An order can also be pinned
+one is: the mean alone took a tactic 17% over on 7168 x 1536 M=48, H200,
+2026-12-04); so a row is summed in the same order whatever the batch, and the
+free table may also pick an invariant candidate. An order can also be pinned
 per shape (``tune --invariant-order``), where a probe found a better one than
 the candidates let the rule see.
 
 Unclustered candidates with an SM to themselves and streaming activation
 tiles, in both passes, are also timed letting the next launch in as they start
 (``early_dependents_tactics``): which way wins could not be predicted
-(docs/performance.md, v21, v22).
+(docs/programmatic-launch.md).
 
 The tactics the current tables hold for a cell (``incumbents``) are timed
 next to the new candidates, with the free table's for the next larger batch:
@@ -87,9 +87,9 @@ INVARIANT_EXCESS = 1.10
 ORDER_PROBE_CANDIDATES = 2
 TIMING_ROUNDS = 7  # median of this many replays per candidate and context
 # A re-tune replaces the free table's tactic for a cell only if a challenger's mean beats it by more than this
-# share: near-ties flip from run to run (v39: on 3584 x 7168 at M = 1, 3, 4 the re-tune's new pick won by
-# 0.4-1.0% and lost a same-process probe by 0.4-1.2%, 0.35-0.45 us slower back to back), and a flip ships a
-# tactic that no benchmark has seen.
+# share: near-ties flip from run to run (H200, 2026-12-05: on 3584 x 7168 at M = 1, 3, 4 the re-tune's new
+# pick won by 0.4-1.0% and lost a same-process probe by 0.4-1.2%, 0.35-0.45 us slower back to back), and a
+# flip ships a tactic that no benchmark has seen.
 REPLACE_MARGIN = 0.015
 
 
@@ -189,8 +189,8 @@ def shared_order(timed_by_batch: dict[int, list[Timed]]) -> tuple:
 def incumbent_tactics(tables, n, k, batch, gpu, *, weight_dtype, output_dtype) -> list[SplitKTactic]:
     """The tactics ``tables`` hold for this cell (free table first, then batch-invariant), then the free
     table's for the next larger batch whose activation tile covers this one (the rows past the batch read
-    zeros): in the v15 benchmark the next batch's tactic ran this batch faster than this batch's own in 21 cells.
-    Weight as A only, as measured there; weight-as-B tactics have a candidate group of their own."""
+    zeros): in an H200 benchmark (2026-12-03) the next batch's tactic ran this batch faster than its own in
+    21 cells. Weight as A only, as measured there; weight-as-B tactics have a candidate group of their own."""
     def key(invariant):
         return TableKey(gpu.name, gpu.sm_count, n, k, dtype_name(weight_dtype), dtype_name(output_dtype), invariant)
 
@@ -320,7 +320,7 @@ class Tuner:
             return
         # An order can only be shared if it was timed at every batch: give each order that won a streaming batch a
         # chance where the free candidates did not time it (6288 x 7168's 48-row orders won every batch up to 64,
-        # were never timed at 96 and up, and the order chosen instead lost there; docs/performance.md, v23). A
+        # were never timed at 96 and up, and the order chosen instead lost there; docs/tactics-and-heuristic.md). A
         # pinned order needs no choosing.
         streaming = [b for b in self.batches if activation_rows_for(b) < COMPUTE_BOUND_ROWS]
         winning = set() if pinned_order else {

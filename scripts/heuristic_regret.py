@@ -5,7 +5,7 @@ time (the geometric mean over the launch contexts timed, as the tuner ranks) div
 mean of that ratio at streaming (M <= 64) and compute-bound batches, and how many cells timed no such tactic. The
 heuristic is what every shape or batch without a tuned table gets, on any GPU.
 
-    python scripts/heuristic_regret.py docs/measurements/2026-12-04-tune-timings-h200-v30a.json.gz [--cells]
+    python scripts/heuristic_regret.py docs/measurements/*tune-timings*.json.gz [--cells]
 """
 
 import argparse

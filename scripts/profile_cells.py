@@ -7,7 +7,7 @@ fetches the neighbouring 128 bytes of a row, which EVICT_FIRST may drop before
 the next stage asks for it) show as DRAM read bytes above the weight's size;
 latency or occupancy limits show as the same bytes over a longer time. Each
 cell runs the shipped tactic with the weight map's L2 promotion at 256 B (shipped
-until the v10 tables), 128 B (shipped since) and none, next to the read-only kernel over the same weight.
+first), 128 B (shipped) and none, next to the read-only kernel over the same weight.
 
 Run under ncu, then summarize (scripts/gpu-check PROFILE=1 does both):
 

@@ -19,7 +19,7 @@ PROFILE_STREAMING=1):
 
 from profile_cells import OURS, command_line, launch_tactics, ncu_rows, number
 
-# The v24 tables' tactics at M = 48 and 64 next to M=1, and the same tiles with their activations multicast to two
+# The H200 table's tactics of 2026-12-03 at M = 48 and 64 next to M=1, and the same tiles with their activations multicast to two
 # weight tiles (which halves the activation reads from L2 and did not run faster: docs/streaming.md).
 CELLS = {
     (7168, 14336, 1): ("56,8,1,6,4,E",),

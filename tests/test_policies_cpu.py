@@ -375,7 +375,7 @@ def test_weight_as_b_candidates_fill_the_sms_from_32_activation_rows_on():
     best_unsplit = filling_tactics(7168, 14336, 256, weight_as_b=True)[0]
     assert (best_unsplit.weight_rows, best_unsplit.activation_rows, best_unsplit.split) == (112, 128, 1)
     assert grid_ctas(best_unsplit, 7168, 256) == 128 and waves(best_unsplit, 7168, 256) == 1
-    # At M=64 one 64-row activation tile: 6288 rows in 131 tiles of 48, the winner of the v17 probe.
+    # At M=64 one 64-row activation tile: 6288 rows in 131 tiles of 48, the fastest an H200 probe timed.
     streaming = filling_tactics(6288, 7168, 64, weight_as_b=True)[0]
     assert (streaming.weight_rows, streaming.activation_rows, streaming.split) == (48, 64, 1)
     assert grid_ctas(streaming, 6288, 64) == 131
@@ -391,10 +391,10 @@ def test_shared_weight_tiles_serve_the_whole_batch_in_one_wave():
                 assert tactic.multicast == math.ceil(batch / tactic.activation_rows), tactic
                 assert batch % tactic.activation_rows == 0 or batch == 96, tactic
                 assert waves(tactic, n, batch) == 1, tactic
-    # At M=96 two 64-row tiles, the second moved back to rows 32-95: 66 clusters of 2 on 6288 rows (v34).
+    # At M=96 two 64-row tiles, the second moved back to rows 32-95: 66 clusters of 2 on 6288 rows (docs/compute-bound-tiling.md).
     offered = candidates.shared_weight_tactics(6288, 7168, 96)
     assert SplitKTactic(96, 64, 1, 11, multicast=2, weight_as_b=True) in offered
-    # Three 64-row activation tiles share 96-row weight tiles: 32 clusters of 3 (the v33 probe's winner).
+    # Three 64-row activation tiles share 96-row weight tiles: 32 clusters of 3 (docs/compute-bound-tiling.md).
     assert candidates.shared_weight_tactics(3072, 7168, 192)[0] == SplitKTactic(96, 64, 1, 11, multicast=3,
                                                                                  weight_as_b=True)
     assert SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True) in candidate_tactics(7168, 14336, 256, limit=16)
@@ -417,7 +417,7 @@ def test_padded_weight_tiles_fill_the_sms_at_streaming_batches():
                        for t in offered), f"{n} M={batch}"
     for (n, k) in KIMI_K3_SHAPES:
         assert all(t.weight_smem_rows == t.weight_rows for t in candidate_tactics(n, k, 128, limit=20))
-    # Up to 96 activation rows: 6288 x 7168 M=96 on 131 tiles of 48 in 2-box stages, the v34 probe's fastest.
+    # Up to 96 activation rows: 6288 x 7168 M=96 on 131 tiles of 48 in 2-box stages, an H200 probe's fastest.
     assert SplitKTactic(48, 96, 1, 5, k_boxes=2) in candidate_tactics(6288, 7168, 96, limit=20)
     # Under a pinned summation order, one padded tile of that order (it sums as the whole tile does).
     pinned = candidate_tactics(7168, 4224, 1, limit=16, order=(1, 2))

@@ -568,7 +568,7 @@ def test_where_a_launch_lets_the_next_one_in():
 
 
 # The shipped tables' tactics outside the grid: a table entry whose wgmmas ptxas serializes would lose up to
-# half its speed and still pass every float64 check (docs/performance.md, v22).
+# half its speed and still pass every float64 check (docs/programmatic-launch.md).
 SHIPPED = sorted({t for batches in shipped_tables().values() for t in batches.values()} - set(GRID), key=tactic_id)
 # And the heuristic's picks for the Kimi-K3 shapes, what every batch and GPU without a table gets.
 HEURISTIC = sorted({default_tactic(n, k, batch) for n, k in KIMI_K3_SHAPES for batch in DECODE_BATCHES}
@@ -589,7 +589,7 @@ def test_every_tactic_compiles_to_wgmma_and_tma_without_spills(tactic):
 @pytest.mark.slow
 @pytest.mark.parametrize("tactic", [t for t in GRID + SHIPPED + HEURISTIC if t.reallocates_registers], ids=tactic_id)
 def test_register_handover_stays_within_what_the_cta_holds(tactic):
-    """setmaxnreg.inc waits for registers the CTA holds: asking past them hangs the launch (performance.md, v32)."""
+    """setmaxnreg.inc waits for registers the CTA holds: asking past them hangs the launch (docs/compute-bound-tiling.md)."""
     report = kernel_report(compile_projection(tactic, torch.bfloat16, "sm_90a"))
     requests = dict(re.findall(r"USETMAXREG\.(DEALLOC|TRY_ALLOC)\.CTAPOOL (?:UP\d+, )?(0x[0-9a-f]+)", report.sass))
     requests = {kind: int(value, 16) for kind, value in requests.items()}
