@@ -22,16 +22,16 @@ import torch
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 from torch.autograd.graph import increment_version
 
-from .disk_cache import cached_compile
-from .gpu import gpu_spec
-from .policies import resolve_policies
+from .kernel.splitk import SplitKGemm
+from .kernel.tactic import BOX_K, as_tactic
+from .policy.policies import resolve_policies
+from .policy.tables import dtype_name
 from .runtime import (
     TensorMapSpec, architecture, capturing, compile_lock, current_stream, describe, overlaps, tensor_map_slots,
     tensor_maps, to_cute, write_tensor_map,
 )
-from .splitk import SplitKGemm
-from .tables import dtype_name
-from .tactic import BOX_K, as_tactic
+from .runtime.disk_cache import cached_compile
+from .runtime.gpu import gpu_spec
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import sys
 import torch
 
 from decode_projection import PreparedProjection, SplitKTactic
-from decode_projection.checks import assert_close_to_reference
+from decode_projection.measure.checks import assert_close_to_reference
 
 CASES = [
     (SplitKTactic(64, 8, 1, 4), 200, 1000, 5),

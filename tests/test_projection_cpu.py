@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from decode_projection import PreparedProjection, SplitKTactic, compile_projection, projection, runtime
-from decode_projection.policies import default_tactic, grid_ctas
-from decode_projection.sass import kernel_report
-from decode_projection.splitk import EVICT_LAST, SplitKGemm
-from decode_projection.tables import shipped_tables
-from decode_projection.tactic import PRODUCER_REGISTERS, as_tactic, max_stages
-from decode_projection.workload import DECODE_BATCHES, KIMI_K3_SHAPES
+from decode_projection.kernel.splitk import EVICT_LAST, SplitKGemm
+from decode_projection.kernel.tactic import PRODUCER_REGISTERS, as_tactic, max_stages
+from decode_projection.policy.policies import default_tactic, grid_ctas
+from decode_projection.policy.tables import shipped_tables
+from decode_projection.policy.workload import DECODE_BATCHES, KIMI_K3_SHAPES
+from decode_projection.runtime.sass import kernel_report
 
 from .tactic_grid import GRID, tactic_id
 

@@ -19,7 +19,7 @@ import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import make_fake_tensor
 
-from .runtime import architecture, current_stream, describe, overlaps, to_cute
+from ..runtime import architecture, current_stream, describe, overlaps, to_cute
 
 VECTOR = 8  # 16-bit elements per 16-byte load or store
 ALIGN = 16  # bytes: base address, row pitch and row length granularity

@@ -21,6 +21,7 @@ import torch
 from cutlass.cute.runtime import make_fake_stream
 from torch.autograd.graph import increment_version
 
+from ..runtime import compile_lock
 from .rowwise import (
     VECTOR,
     check_dtype,
@@ -34,7 +35,6 @@ from .rowwise import (
     rows_view,
     vectors,
 )
-from .runtime import compile_lock
 
 THREADS = 128  # vectors (of 8 outputs) per CTA
 

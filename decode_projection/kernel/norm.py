@@ -32,6 +32,7 @@ from cutlass.cute.runtime import make_fake_stream
 from cutlass.memory import SmemAllocator
 from torch.autograd.graph import increment_version
 
+from ..runtime import compile_lock
 from .rowwise import (
     VECTOR,
     check_dtype,
@@ -47,7 +48,6 @@ from .rowwise import (
     vector_view,
     vectors,
 )
-from .runtime import compile_lock
 
 THREADS = 128  # per CTA (one row): 7 vectors a thread at H = 7168
 UNROLL = 4  # each pass unrolled 4 times: up to 4 of a thread's 16-byte loads in flight

@@ -23,6 +23,11 @@ boundary at launch or prepare time lives here, in one place:
 - ``TensorMapSlots`` / ``write_tensor_map``: device slots for the descriptors of
   prepared projections, whose addresses launches on any stream and captured
   CUDA graphs keep using, so the caching allocator must never hand them out.
+
+The glue is this package's own module (``decode_projection.runtime``, as before
+the folders); its other modules are the compile cache (``disk_cache``), the
+SASS reports (``sass``), the GPU's numbers (``gpu``) and sm_90's limits
+(``sm90``).
 """
 
 from __future__ import annotations
