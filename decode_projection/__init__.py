@@ -3,8 +3,12 @@
 The package's folders: ``runtime`` (DSL and driver glue, compile cache, SASS, GPU numbers), ``kernel`` (the
 kernels and their tactics), ``policy`` (heuristic, cost model, tuned tables), ``measure`` (timing, checks,
 benchmark, reports) and ``tuning`` (the tuner); the library (``projection``, ``layer``, ``swap``, ``ops``,
-``warmup``) and the command line (``__main__``, ``cli_args``) sit at the top. Modules that moved into a folder
+``warmup``) and the command line (``__main__``, ``cli_args``) sit at its top level. Modules that moved into a folder
 still import by their old names (``MOVED``).
+
+Layers, bottom to top: runtime, kernel, policy, the library, measure, tuning, the command line. A module imports
+from its own layer and those below, never from one above (docs/architecture.md says why each module sits where
+it does; tests/test_layers_cpu.py checks every import).
 """
 
 import importlib

@@ -27,7 +27,8 @@ boundary at launch or prepare time lives here, in one place:
 The glue is this package's own module (``decode_projection.runtime``, as before
 the folders); its other modules are the compile cache (``disk_cache``), the
 SASS reports (``sass``), the GPU's numbers (``gpu``) and sm_90's limits
-(``sm90``).
+(``sm90``). Layer 0 of docs/architecture.md: nothing else of decode_projection
+is imported here.
 """
 
 from __future__ import annotations
