@@ -24,8 +24,8 @@ import json
 
 import torch
 
-from decode_projection import activation, norm
-from decode_projection.ops_reference import (
+from decode_projection.kernel import activation, norm
+from decode_projection.measure.ops_reference import (
     GlueReference,
     rms_norm_float64,
     silu_and_mul_float64,
@@ -33,8 +33,8 @@ from decode_projection.ops_reference import (
     torch_rms_norm,
     torch_silu_and_mul,
 )
+from decode_projection.measure.timing import cold_copies, interleaved_time_us
 from decode_projection.projection import PreparedProjection
-from decode_projection.timing import cold_copies, interleaved_time_us
 
 EPS = 1e-6
 NORM_WIDTHS = (7168, 1536, 512)  # hidden, q latent, kv latent

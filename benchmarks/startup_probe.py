@@ -27,13 +27,13 @@ import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
-from decode_projection.ceiling import stream_read
-from decode_projection.gpu import gpu_spec
-from decode_projection.policies import resolve_policies
+from decode_projection.kernel.splitk import SplitKGemm
+from decode_projection.measure.ceiling import stream_read
+from decode_projection.measure.timing import cold_copies, foreign_kernel, interleaved_time_us
+from decode_projection.policy.policies import resolve_policies
 from decode_projection.projection import PreparedProjection, kernel_arguments, matrix_view
 from decode_projection.runtime import architecture, current_stream, to_cute
-from decode_projection.splitk import SplitKGemm
-from decode_projection.timing import cold_copies, foreign_kernel, interleaved_time_us
+from decode_projection.runtime.gpu import gpu_spec
 
 EVENTS = ("glue_end", "entry", "first_weight_tma", "producer_waited", "consumer_start", "epilogue", "exit",
           "glue_start")

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from .cli_args import SHIPPED_ORDERS, batch_list, context_list, pinned_order, positive_int, shape
-from .workload import DECODE_BATCHES, KIMI_K3_SHAPES
+from .policy.workload import DECODE_BATCHES, KIMI_K3_SHAPES
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -30,8 +30,8 @@ def hopper_available():
 
 def render(cells, meta, args):
     """Print the tables and write the requested CSV, JSON and plot."""
-    from .report import format_markdown, format_tables, plot, write_csv, write_json
-    from .clocks import describe
+    from .measure.report import format_markdown, format_tables, plot, write_csv, write_json
+    from .measure.clocks import describe
 
     print(f"{meta['gpu']} ({meta['sm_count']} SMs), torch {meta['torch']}, CUDA {meta['cuda']}, "
           f"CuTe DSL {meta['cutlass_dsl']}, {meta['date']}; {meta['method']}")
@@ -51,8 +51,8 @@ def render(cells, meta, args):
 
 def bench(args):
     """Time the workload, or compile it and report when there is no Hopper GPU."""
-    from .bench import LAUNCHES, run_benchmark
-    from .report import load_json
+    from .measure.bench import LAUNCHES, run_benchmark
+    from .measure.report import load_json
 
     if args.from_json:
         try:
@@ -62,19 +62,19 @@ def bench(args):
             return 2
         render(*saved, args)
         return 0
-    from .timing import PDL_GLUE
+    from .measure.timing import PDL_GLUE
 
     kinds = args.policies.split(",")
     launches = args.launch.split(",")
     weight_dtype, output_dtype = DTYPES[args.dtype], DTYPES[args.out_dtype]
     if not hopper_available():
-        from .compile_report import compile_report
+        from .measure.compile_report import compile_report
 
         print(f"No Hopper GPU here: compiling the kernels the {args.policies} policies need for sm_90a.")
         print(compile_report(args.shape, args.batches, kinds, weight_dtype=weight_dtype, output_dtype=output_dtype))
         if PDL_GLUE in args.context:
-            from .glue import compile_glue
-            from .sass import kernel_report
+            from .measure.glue import compile_glue
+            from .runtime.sass import kernel_report
 
             glue = kernel_report(compile_glue(weight_dtype, "sm_90a"))
             print(f"The PDL-aware glue kernel of the {PDL_GLUE} context: {glue.registers} registers, "
@@ -86,8 +86,8 @@ def bench(args):
         return 0
     import cutlass
 
-    from .clocks import ClockLog
-    from .timing import CONTEXTS
+    from .measure.clocks import ClockLog
+    from .measure.timing import CONTEXTS
 
     clocks = ClockLog(torch.cuda.current_device())
     cells = run_benchmark(args.shape, args.batches, kinds, weight_dtype=weight_dtype, output_dtype=output_dtype,
@@ -110,7 +110,7 @@ def bench(args):
 
 def warm(args):
     """Compile every kernel the policies need into the persistent cache, in parallel."""
-    from .disk_cache import cache_dir
+    from .runtime.disk_cache import cache_dir
     from .runtime import architecture
     from .warmup import compile_all, kernel_jobs
 
@@ -130,10 +130,10 @@ def tune(args):
     if not hopper_available():
         print("Tuning times kernels and needs a Hopper GPU (H100/H200).", file=sys.stderr)
         return 2
-    from .gpu import gpu_spec
-    from .tables import invariant_orders, read_entries, shipped_tables
-    from .tune import UnusableOrder
-    from .tune import tune as run_tune
+    from .runtime.gpu import gpu_spec
+    from .policy.tables import invariant_orders, read_entries, shipped_tables
+    from .tuning.tune import UnusableOrder
+    from .tuning.tune import tune as run_tune
 
     weight_dtype, output_dtype = DTYPES[args.dtype], DTYPES[args.out_dtype]
     pinned = {}
@@ -159,7 +159,7 @@ def tune(args):
 
 def tables(args, parser):
     """``tables replace | merge | diff`` (table_tools); a file that is not what it must be is a usage error."""
-    from . import table_tools
+    from .tuning import table_tools
 
     try:
         if args.table_command == "replace":
@@ -258,7 +258,7 @@ def main(argv=None):
     if args.command == "tune" and args.update and not Path(args.out).is_file():
         parser.error(f"--update keeps the cells of --out, and there is no table at {args.out}")
     if args.command == "tune" and (args.update or args.resume):
-        from .tables import load_table
+        from .policy.tables import load_table
 
         flag = "--update" if args.update else "--resume"
         for option in ("out", "batch_invariant_out") if args.resume else ("out",):
@@ -293,11 +293,11 @@ def main(argv=None):
     if args.command == "bench" and args.isolated and args.context:
         parser.error("--isolated is --context glue: give one of them")
     if args.command in ("bench", "tune"):
-        from .timing import CONTEXTS, GLUE
+        from .measure.timing import CONTEXTS, GLUE
 
         args.context = [GLUE] if getattr(args, "isolated", False) else args.context or list(CONTEXTS)
     if args.command in ("bench", "warm"):
-        from .bench import LAUNCHES
+        from .measure.bench import LAUNCHES
         from .warmup import POLICY_KINDS
 
         unknown = set(args.policies.split(",")) - set(POLICY_KINDS)

@@ -2,8 +2,8 @@
 
 import argparse
 
-from .tactic import K_BOXES
-from .workload import DECODE_BATCHES
+from .kernel.tactic import K_BOXES
+from .policy.workload import DECODE_BATCHES
 
 LARGEST_BATCH = max(DECODE_BATCHES)  # the CLI works on padded decode batches; the API takes any
 
@@ -52,7 +52,7 @@ def batch_list(text):
 
 def context_list(text):
     """``"chain,glue"`` -> ``["chain", "glue"]``: launch contexts, each a name of timing.CONTEXTS, each once."""
-    from .timing import CONTEXTS
+    from .measure.timing import CONTEXTS
 
     contexts = text.split(",")
     if not set(contexts) <= set(CONTEXTS) or len(set(contexts)) < len(contexts):

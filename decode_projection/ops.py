@@ -21,8 +21,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from . import activation, norm
-from .rowwise import ALIGN, VECTOR
+from .kernel import activation, norm
+from .kernel.rowwise import ALIGN, VECTOR
 
 
 def _kernel_rows(op, tensor):

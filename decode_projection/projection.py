@@ -22,15 +22,16 @@ import torch
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 from torch.autograd.graph import increment_version
 
-from .disk_cache import cached_compile
-from .gpu import gpu_spec
-from .policies import resolve_policies
+from .kernel.splitk import SplitKGemm
+from .kernel.tactic import BOX_K, as_tactic
+from .policy.policies import resolve_policies
+from .policy.tables import dtype_name
 from .runtime import (
-    TensorMapSpec, architecture, capturing, current_stream, tensor_map_slots, tensor_maps, to_cute, write_tensor_map,
+    TensorMapSpec, architecture, capturing, compile_lock, current_stream, describe, overlaps, tensor_map_slots,
+    tensor_maps, to_cute, write_tensor_map,
 )
-from .splitk import SplitKGemm
-from .tables import dtype_name
-from .tactic import BOX_K, as_tactic
+from .runtime.disk_cache import cached_compile
+from .runtime.gpu import gpu_spec
 
 logger = logging.getLogger(__name__)
 
@@ -39,9 +40,6 @@ OUTPUT_DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float32: cutlass.Float3
 TMA_ALIGN = 16  # bytes: TMA base address and row pitch granularity
 MOST_GRID_ROWS = 65535  # CUDA's limit on a grid's y dimension
 MOST_GRID_COLUMNS = 2**31 - 1  # and on its x dimension
-
-# cute.compile is not thread-safe.
-_compile_lock = threading.Lock()
 
 
 def compile_projection(tactic, output_dtype, arch, weight_dtype=torch.bfloat16, programmatic_launch=True):
@@ -96,7 +94,7 @@ def _compile(tactic, output_dtype, arch, weight_dtype, programmatic_launch):
         return cute.compile(SplitKGemm(tactic, programmatic_launch), *kernel_arguments(weight_dtype, output_dtype),
                             options=f"--gpu-arch={arch}")
 
-    with _compile_lock:
+    with compile_lock:
         return cached_compile(build, tactic, str(output_dtype), str(weight_dtype), arch, programmatic_launch)
 
 
@@ -171,11 +169,6 @@ def _claim_device(code, device):
         )
 
 
-def _describe(tensor):
-    """Shape, dtype, strides and device of a tensor, for error messages."""
-    return f"{tuple(tensor.shape)} {tensor.dtype} strides {tensor.stride()} on {tensor.device}"
-
-
 def check_weight(weight):
     """Raise a TypeError/ValueError naming whatever about ``weight`` the kernel cannot take."""
     if not isinstance(weight, torch.Tensor):
@@ -185,38 +178,14 @@ def check_weight(weight):
     if weight.is_neg():
         raise ValueError("projection weight is a negated view; resolve it first (tensor.resolve_neg())")
     if min(weight.shape) == 0:  # before the pitch: PyTorch gives an empty tensor whatever strides it likes
-        raise ValueError(f"projection weight is empty: {_describe(weight)}")
+        raise ValueError(f"projection weight is empty: {describe(weight)}")
     pitch = weight.stride(0) * weight.element_size() if weight.shape[0] > 1 else 0
     if weight.stride(1) != 1 or pitch % TMA_ALIGN or weight.data_ptr() % TMA_ALIGN:
-        raise ValueError(f"projection weight rows need unit stride and a 16 B TMA pitch, got {_describe(weight)}")
+        raise ValueError(f"projection weight rows need unit stride and a 16 B TMA pitch, got {describe(weight)}")
     if weight.shape[0] > 1 and weight.stride(0) < weight.shape[1]:
-        raise ValueError(f"projection weight rows overlap (an expanded or strided view?): {_describe(weight)}")
+        raise ValueError(f"projection weight rows overlap (an expanded or strided view?): {describe(weight)}")
     if weight.shape[1] % 8 or max(weight.shape) >= 2**31:
-        raise ValueError(f"projection weight needs K % 8 == 0 and N, K < 2^31, got {_describe(weight)}")
-
-
-def _overlaps(a, b):
-    """Whether two 2-D tensors of unit column stride share a byte: exactly where their rows are equally pitched
-    (column slices of one buffer do not overlap), else whether their byte spans intersect."""
-    # Runs on every launch: each tensor property is read once (about 0.1 us apiece).
-    (a_rows, a_cols), (b_rows, b_cols) = a.shape, b.shape
-    a_size, b_size = a.element_size(), b.element_size()
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    a_width, b_width = a_cols * a_size, b_cols * b_size
-    a_pitch = a.stride(0) * a_size if a_rows > 1 else None
-    b_pitch = b.stride(0) * b_size if b_rows > 1 else None
-    a1 = a0 + (a_rows - 1) * (a_pitch or 0) + a_width
-    b1 = b0 + (b_rows - 1) * (b_pitch or 0) + b_width
-    if not (a0 < b1 and b0 < a1):
-        return False
-    pitch = a_pitch or b_pitch or max(a_width, b_width)  # a single row's pitch is never used
-    if a_pitch in (None, pitch) and b_pitch in (None, pitch) and max(a_width, b_width) <= pitch:
-        # Row i of a and row j of b share a byte iff -b_width < (b0 - a0) + (j - i) * pitch < a_width.
-        offset = b0 - a0
-        lowest = max((-b_width - offset) // pitch + 1, 1 - a_rows)
-        highest = min(-((offset - a_width) // pitch) - 1, b_rows - 1)
-        return lowest <= highest
-    return True
+        raise ValueError(f"projection weight needs K % 8 == 0 and N, K < 2^31, got {describe(weight)}")
 
 
 def is_batch(batch) -> bool:
@@ -463,9 +432,9 @@ class PreparedProjection:
             if not isinstance(tensor, torch.Tensor):
                 raise TypeError(f"projection {name} must be a torch.Tensor, got {type(tensor)}")
             if tensor.dim() != 2:
-                raise ValueError(f"projection {name} must be 2-D, got {_describe(tensor)}")
+                raise ValueError(f"projection {name} must be 2-D, got {describe(tensor)}")
             if tensor.stride(1) != 1:
-                raise ValueError(f"projection {name} rows need unit stride, got {_describe(tensor)}")
+                raise ValueError(f"projection {name} rows need unit stride, got {describe(tensor)}")
             if tensor.is_neg():
                 # A lazily negated view: the kernel reads and writes its storage as is.
                 raise ValueError(f"projection {name} is a negated view; resolve it first (tensor.resolve_neg())")
@@ -478,7 +447,7 @@ class PreparedProjection:
         if self._storage(self.weight) != launchable.storage:
             raise ValueError(
                 "projection weight storage changed after prepare(): "
-                f"{_describe(self.weight)}; call prepare() again"
+                f"{describe(self.weight)}; call prepare() again"
             )
         weight = launchable.weight
         n, k = weight.shape
@@ -493,12 +462,12 @@ class PreparedProjection:
         x_stride = x.stride(0) if batch > 1 else 0
         if x_stride * x.element_size() % TMA_ALIGN or x.data_ptr() % TMA_ALIGN:
             raise ValueError(
-                f"projection input needs a 16 B aligned base and row pitch, got {_describe(x)}"
+                f"projection input needs a 16 B aligned base and row pitch, got {describe(x)}"
             )
         if batch > 1 and x_stride < k:
-            raise ValueError(f"projection input rows overlap: {_describe(x)}")
+            raise ValueError(f"projection input rows overlap: {describe(x)}")
         if batch >= 2**31:
-            raise ValueError(f"projection batch must be below 2^31, got {_describe(x)}")
+            raise ValueError(f"projection batch must be below 2^31, got {describe(x)}")
         grad = torch.is_grad_enabled()
         if x.requires_grad and grad:
             raise ValueError("projection input requires grad, and autograd does not flow through run(): detach it "
@@ -509,10 +478,10 @@ class PreparedProjection:
         if out.dtype != launchable.output_dtype:
             raise ValueError(f"projection output dtype {out.dtype} != {launchable.output_dtype}")
         if tuple(out.shape) != (batch, n):
-            raise ValueError(f"projection output must be {(batch, n)}, got {_describe(out)}")
+            raise ValueError(f"projection output must be {(batch, n)}, got {describe(out)}")
         if out.stride(0) < n and batch > 1:
-            raise ValueError(f"projection output rows overlap: {_describe(out)}")
-        if _overlaps(out, x) or _overlaps(out, weight):
+            raise ValueError(f"projection output rows overlap: {describe(out)}")
+        if overlaps(out, x) or overlaps(out, weight):
             raise ValueError("projection output overlaps its input or weight")
 
     def run(self, x, out):

@@ -22,10 +22,10 @@ from concurrent.futures import ProcessPoolExecutor
 
 from tqdm import tqdm
 
-from .disk_cache import writable_cache_dir
-from .gpu import gpu_spec
-from .policies import resolve_policies
+from .policy.policies import resolve_policies
 from .projection import compile_projection
+from .runtime.disk_cache import writable_cache_dir
+from .runtime.gpu import gpu_spec
 
 
 MOST_WORKERS = 16  # by default: each worker imports torch and the DSL, and 16 already cover ~100 kernels

@@ -10,7 +10,7 @@ before it has one CTA per SM. The cost model counts waves from these numbers
 
 import torch
 
-from decode_projection.gpu import measured_cluster_slots
+from decode_projection.runtime.gpu import measured_cluster_slots
 
 sms = torch.cuda.get_device_properties(0).multi_processor_count
 print(f"{torch.cuda.get_device_name(0)}, {sms} SMs")

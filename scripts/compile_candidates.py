@@ -18,10 +18,10 @@ from concurrent.futures import ProcessPoolExecutor
 import torch
 
 from decode_projection.cli_args import batch_list, positive_int, shape
-from decode_projection.gpu import H200
-from decode_projection.tables import invariant_orders, shipped_tables
-from decode_projection.tune import chosen_order_candidates, free_candidates
-from decode_projection.workload import DECODE_BATCHES
+from decode_projection.policy.tables import invariant_orders, shipped_tables
+from decode_projection.policy.workload import DECODE_BATCHES
+from decode_projection.runtime.gpu import H200
+from decode_projection.tuning.tune import chosen_order_candidates, free_candidates
 
 BF16 = torch.bfloat16
 
@@ -43,7 +43,7 @@ def retune_tactics(shapes, batches, *, limit, invariant_limit) -> set:
 def check(tactic) -> tuple:
     """Worker: compile one tactic; ``(tactic, registers, HGMMA, UTMALDG, spills, seconds, error)``."""
     from decode_projection.projection import compile_projection
-    from decode_projection.sass import kernel_report
+    from decode_projection.runtime.sass import kernel_report
 
     started = time.perf_counter()
     try:

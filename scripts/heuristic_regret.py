@@ -11,12 +11,12 @@ heuristic is what every shape or batch without a tuned table gets, on any GPU.
 import argparse
 import math
 
-from decode_projection.gpu import H200
-from decode_projection.policies import default_tactic
-from decode_projection.report import read_document
-from decode_projection.tactic import stored_tactic
-from decode_projection.timing import geometric_mean
-from decode_projection.tune import row_times
+from decode_projection.kernel.tactic import stored_tactic
+from decode_projection.measure.report import read_document
+from decode_projection.measure.timing import geometric_mean
+from decode_projection.policy.policies import default_tactic
+from decode_projection.runtime.gpu import H200
+from decode_projection.tuning.tune import row_times
 
 LAST_STREAMING_BATCH = 64
 

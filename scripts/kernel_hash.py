@@ -21,15 +21,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = (
-    "decode_projection/splitk.py",
-    "decode_projection/tactic.py",
-    "decode_projection/sm90.py",
+    "decode_projection/kernel/splitk.py",
+    "decode_projection/kernel/tactic.py",
+    "decode_projection/runtime/sm90.py",
     "decode_projection/projection.py",
-    "decode_projection/runtime.py",
-    "decode_projection/glue.py",
-    "decode_projection/norm.py",
-    "decode_projection/activation.py",
-    "decode_projection/rowwise.py",
+    "decode_projection/runtime/__init__.py",
+    "decode_projection/measure/glue.py",
+    "decode_projection/kernel/norm.py",
+    "decode_projection/kernel/activation.py",
+    "decode_projection/kernel/rowwise.py",
     "scripts/sanitize_cases.py",
 )
 RECORD = "docs/measurements/sanitizer-clean.txt"

@@ -33,7 +33,7 @@ def launch_cells(labels_path):
     import cutlass
     import torch
 
-    from decode_projection.ceiling import stream_read
+    from decode_projection.measure.ceiling import stream_read
     from decode_projection.projection import PreparedProjection, weight_map
 
     promotions = {
@@ -72,8 +72,8 @@ def launch_tactics(cells, labels_path):
     once each inside the profiler range; label our launches (torch.matmul's are told apart by kernel name)."""
     import torch
 
+    from decode_projection.kernel.tactic import as_tactic
     from decode_projection.projection import PreparedProjection
-    from decode_projection.tactic import as_tactic
 
     labels, launches, alive = [], [], []
     for (n, k, batch), tactics in cells.items():

@@ -1,6 +1,6 @@
 """Small projections and glue kernels for compute-sanitizer (memcheck, racecheck, synccheck, initcheck).
 
-Every feature of the projection kernel (decode_projection/splitk.py) and of the glue kernels (glue.py, norm.py,
+Every feature of the projection kernel (decode_projection/kernel/splitk.py) and of the glue kernels (glue.py, norm.py,
 activation.py) has at least one case here: ``FEATURES`` and ``GLUE_FEATURES`` name them, each with the test a
 case must pass to have it, and tests/test_sanitize_cases_cpu.py checks that every case is valid, that every
 feature has a case and that every case compiles for sm_90a. Shapes are small: the sanitizers run kernels 10-100x
@@ -22,9 +22,9 @@ from typing import NamedTuple
 import torch
 
 from decode_projection import PreparedProjection, SplitKTactic
+from decode_projection.kernel.splitk import SplitKGemm
+from decode_projection.kernel.tactic import ceil_div
 from decode_projection.projection import OUTPUT_DTYPES
-from decode_projection.splitk import SplitKGemm
-from decode_projection.tactic import ceil_div
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 ARCH = "sm_90a"
@@ -334,7 +334,7 @@ def host_copy(tensor):
 
 def run_projection(case: Case) -> str:
     """Launch one projection into a NaN-filled output and check it against float64 on the CPU."""
-    from decode_projection.checks import assert_close_to_reference
+    from decode_projection.measure.checks import assert_close_to_reference
 
     weight = torch.randn(case.n, case.k, device="cuda", dtype=case.weight_dtype)
     x = torch.randn(case.batch, case.k, device="cuda", dtype=case.weight_dtype)
@@ -348,7 +348,7 @@ def run_projection(case: Case) -> str:
 def run_glue(case: GlueCase) -> str:
     """Launch one glue case (NaN-filled outputs where not in place) and check it on the CPU."""
     from decode_projection import activation, glue, norm
-    from decode_projection.checks import assert_close_to_reference
+    from decode_projection.measure.checks import assert_close_to_reference
     from decode_projection.ops_reference import (
         GlueReference, rms_norm_float64, silu_and_mul_float64, torch_rms_norm, torch_silu_and_mul,
     )

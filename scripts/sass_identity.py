@@ -1,9 +1,9 @@
 """Pin the SASS of every shipped tactic: record a hash per kernel, or check a tree against the record.
 
-Every distinct tactic of the shipped tables (decode_projection/tables/*.json) is compiled for sm_90a with the weight
-and output dtypes of its table entries and programmatic dependent launch (what ``PreparedProjection`` launches by
-default), straight through ``cute.compile``: the disk cache is bypassed, so a change it does not fingerprint cannot
-hide behind a cached kernel. The nvdisasm listing is normalised (the kernel's symbol, whose name the DSL derives from
+Every distinct tactic of the shipped tables (decode_projection/policy/tables/*.json) is compiled for sm_90a with the
+weight and output dtypes of its table entries and programmatic dependent launch (what ``PreparedProjection`` launches
+by default), straight through ``cute.compile``: the disk cache is bypassed, so a change it does not fingerprint
+cannot hide behind a cached kernel. The nvdisasm listing is normalised (the kernel's symbol, whose name the DSL derives from
 the MMA atom and may embed an address, becomes ``KERNEL``) and hashed. A refactor that means to leave the code alone
 checks that every hash stays the same:
 
@@ -29,7 +29,7 @@ sys.path.insert(0, str(TREE))
 import torch  # noqa: E402
 
 import decode_projection  # noqa: E402
-from decode_projection.tables import shipped_tables  # noqa: E402
+from decode_projection.policy.tables import shipped_tables  # noqa: E402
 
 ARCH = "sm_90a"
 ADDRESS = re.compile(r"0x[0-9a-f]{9,}")  # host addresses an object's repr may leave in a symbol
@@ -54,9 +54,9 @@ def sass_hash(job) -> tuple[str, str]:
     """Worker: ``(label, sha256 of the normalised SASS)`` of one job, compiled in a fresh dump directory."""
     import cutlass.cute as cute
 
+    from decode_projection.kernel.splitk import SplitKGemm
     from decode_projection.projection import kernel_arguments
-    from decode_projection.sass import keep_cubin_options, kernel_report
-    from decode_projection.splitk import SplitKGemm
+    from decode_projection.runtime.sass import keep_cubin_options, kernel_report
 
     label, (tactic, weight_dtype, output_dtype) = job
     with tempfile.TemporaryDirectory() as dump:

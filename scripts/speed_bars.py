@@ -29,9 +29,9 @@ import argparse
 import statistics
 from collections import defaultdict
 
-from decode_projection.report import document_cells, read_document
-from decode_projection.timing import geometric_mean
-from decode_projection.tune import INVARIANT_EXCESS  # batch-invariant over tuned time, per cell, M <= 64
+from decode_projection.measure.report import document_cells, read_document
+from decode_projection.measure.timing import geometric_mean
+from decode_projection.tuning.tune import INVARIANT_EXCESS  # batch-invariant over tuned time, per cell, M <= 64
 
 BARS_GPU = "NVIDIA H200"  # the bytes-per-second figures of bars 1 and 3 are this GPU's
 LEAST_RUNS = 3  # the bars hold for medians of this many runs

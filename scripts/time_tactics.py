@@ -28,11 +28,11 @@ from dataclasses import astuple
 
 import torch
 
-from decode_projection.checks import Reference
+from decode_projection.kernel.tactic import SplitKTactic, as_tactic
+from decode_projection.measure.checks import Reference
+from decode_projection.measure.timing import cold_copies, foreign_kernel, interleaved_time_us
 from decode_projection.projection import PreparedProjection
 from decode_projection.runtime import architecture
-from decode_projection.tactic import SplitKTactic, as_tactic
-from decode_projection.timing import cold_copies, foreign_kernel, interleaved_time_us
 from decode_projection.warmup import compile_all
 
 
@@ -92,6 +92,8 @@ def main():
     args = parser.parse_args()
     arch = architecture(torch.device("cuda"))
     launch_kinds = (True, False) if args.no_programmatic_launch else (True,)
+    # The copy's modules by their flat names (compared.tactic, compared.warmup): they hold in a copy from before the
+    # folders and, through decode_projection.MOVED, in one after them.
     compared = importlib.import_module(args.compare_package) if args.compare_package else None
     compile_all((t, torch.bfloat16, arch, torch.bfloat16, programmatic)
                 for *_, tactics in args.cells for t in tactics for programmatic in launch_kinds)

@@ -5,9 +5,9 @@ from dataclasses import replace
 
 import torch
 
-from decode_projection.gpu import gpu_spec
-from decode_projection.policies import resolve_policies
-from decode_projection.tables import shipped_tables
+from decode_projection.policy.policies import resolve_policies
+from decode_projection.policy.tables import shipped_tables
+from decode_projection.runtime.gpu import gpu_spec
 
 
 def shipped_gpus() -> list[tuple[str, int]]:

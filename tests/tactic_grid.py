@@ -3,7 +3,7 @@
 import itertools
 
 from decode_projection import SplitKTactic
-from decode_projection.tactic import ACTIVATION_ROWS, K_BOXES, max_stages
+from decode_projection.kernel.tactic import ACTIVATION_ROWS, K_BOXES, max_stages
 
 # Every tile and split at a short pipeline.
 GRID = [

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from decode_projection import PreparedProjection
-from decode_projection.ceiling import stream_read
-from decode_projection.checks import Reference
-from decode_projection.glue import pdl_glue
-from decode_projection.timing import (CONTEXTS, LaunchContexts, cold_copies, foreign_kernel, graph_time_us,
+from decode_projection.measure.ceiling import stream_read
+from decode_projection.measure.checks import Reference
+from decode_projection.measure.glue import pdl_glue
+from decode_projection.measure.timing import (CONTEXTS, LaunchContexts, cold_copies, foreign_kernel, graph_time_us,
                                       interleaved_time_us)
 
 pytestmark = pytest.mark.gpu

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from decode_projection.checks import Reference
+from decode_projection.measure.checks import Reference
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

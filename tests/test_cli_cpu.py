@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from decode_projection.__main__ import main
+from decode_projection.kernel.tactic import SplitKTactic
 from decode_projection.projection import compile_projection
-from decode_projection.tactic import SplitKTactic
 
 
 @pytest.fixture
@@ -67,15 +67,15 @@ def test_bad_arguments_exit_with_usage(argv, no_gpu):
 
 def test_tune_pins_the_shipped_orders_unless_one_is_given(monkeypatch, capsys, tmp_path):
     import decode_projection.__main__ as cli
-    import decode_projection.gpu
-    import decode_projection.tune
-    from decode_projection.gpu import H200
+    import decode_projection.runtime.gpu
+    import decode_projection.tuning.tune
+    from decode_projection.runtime.gpu import H200
 
     runs = []
     monkeypatch.setattr(cli, "hopper_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(decode_projection.gpu, "gpu_spec", lambda device: H200)
-    monkeypatch.setattr(decode_projection.tune, "tune", lambda *args, **kwargs: runs.append(kwargs))
+    monkeypatch.setattr(decode_projection.runtime.gpu, "gpu_spec", lambda device: H200)
+    monkeypatch.setattr(decode_projection.tuning.tune, "tune", lambda *args, **kwargs: runs.append(kwargs))
     shapes = ["--shape", "3584x7168", "--shape", "2304x1536", "--shape", "64x128"]  # the last in no table
     assert main(["tune", *shapes, "--out", str(tmp_path / "t.json"), "--batch-invariant-out", str(tmp_path / "i.json"),
                  "--invariant-order", "shipped", "--invariant-order", "2304x1536=1,1"]) == 0
@@ -125,8 +125,8 @@ META = {"gpu": "NVIDIA H200", "sm_count": 132, "torch": "2.11", "cuda": "13.0", 
 
 
 def test_markdown_of_a_saved_run_has_a_table_per_policy_and_context(capsys, tmp_path):
-    from decode_projection.bench import Cell
-    from decode_projection.report import write_json
+    from decode_projection.measure.bench import Cell
+    from decode_projection.measure.report import write_json
 
     tactic = SplitKTactic(64, 8, 1, 8)
     cells = [Cell(2304, 1536, 1, policy, "table", tactic, us + extra, 5.1 + extra, 3.4 + extra, context=context)
@@ -163,8 +163,8 @@ def test_a_run_saved_before_cells_had_contexts_reads_as_the_context_it_was_timed
 def test_saved_runs_store_tactics_by_name_and_older_runs_still_read(tmp_path):
     import json
 
-    from decode_projection.bench import Cell
-    from decode_projection.report import load_json, write_json
+    from decode_projection.measure.bench import Cell
+    from decode_projection.measure.report import load_json, write_json
 
     tactic = SplitKTactic(56, 8, 1, 6, k_boxes=4, dependents_at_start=True)
     meta = {"gpu": "NVIDIA H200"}

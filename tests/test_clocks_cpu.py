@@ -3,7 +3,7 @@
 import subprocess
 import time
 
-from decode_projection import clocks
+from decode_projection.measure import clocks
 
 
 def test_clock_log_summarizes_samples(monkeypatch):

@@ -18,10 +18,11 @@ import pytest
 import torch
 from cutlass.cute.runtime import load_module
 
-from decode_projection import disk_cache, warmup
+from decode_projection import warmup
+from decode_projection.kernel.tactic import SplitKTactic
 from decode_projection.projection import compile_projection
-from decode_projection.sass import kernel_report
-from decode_projection.tactic import SplitKTactic
+from decode_projection.runtime import disk_cache
+from decode_projection.runtime.sass import kernel_report
 
 TACTIC = SplitKTactic(64, 8, 2, 4)
 INPUTS = (TACTIC, "torch.bfloat16", "torch.bfloat16", "sm_90a", True)

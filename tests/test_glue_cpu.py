@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from decode_projection.glue import compile_glue, pdl_glue
-from decode_projection.sass import kernel_report
+from decode_projection.measure.glue import compile_glue, pdl_glue
+from decode_projection.runtime.sass import kernel_report
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

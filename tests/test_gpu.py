@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from decode_projection import PreparedProjection, SplitKTactic
-from decode_projection.checks import assert_close_to_reference
+from decode_projection.measure.checks import assert_close_to_reference
 
 from .guarded_output import run_guarded
 from .tactic_grid import GRID, tactic_id

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from decode_projection import gpu
+from decode_projection.runtime import gpu
 
 
 def fake_device(monkeypatch, name, sms, smem=233472):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from decode_projection import PreparedProjection, SplitKTactic, projection, runtime
-from decode_projection.checks import assert_close_to_reference
+from decode_projection.measure.checks import assert_close_to_reference
 
 pytestmark = pytest.mark.gpu
 

@@ -124,7 +124,7 @@ def test_a_weight_the_kernel_cannot_take_falls_back_with_the_reason(monkeypatch)
 
 def test_a_second_gpu_falls_back_with_the_reason(monkeypatch):
     from decode_projection import layer as layer_module
-    from decode_projection.gpu import H200
+    from decode_projection.runtime.gpu import H200
 
     class ClaimedElsewhere(layer_module.PreparedProjection):
         def prepare(self):
@@ -171,7 +171,7 @@ def pretend_layers_run_on_hopper(monkeypatch, events):
     """Layers prepared as on an H200 (heuristic or shipped tactics), with a projection that records its prepares
     in ``events`` and never compiles; so are synchronizes. Returns a function that puts every tensor on cuda:0."""
     from decode_projection import layer as layer_module
-    from decode_projection.gpu import H200
+    from decode_projection.runtime.gpu import H200
 
     class Prepared(layer_module.PreparedProjection):
         def prepare(self):

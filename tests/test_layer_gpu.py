@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from decode_projection.checks import assert_close_to_reference
 from decode_projection.layer import ProjectionLinear
+from decode_projection.measure.checks import assert_close_to_reference
 
 pytestmark = pytest.mark.gpu
 

@@ -17,8 +17,8 @@ def test_library_code_logs_and_leaves_configuring_it_to_the_application():
     """Only the command line (``__main__``) prints or configures logging; the library's messages go to
     ``logging.getLogger(__name__)``, shown as the application decides."""
     calls = [
-        (f"{path.name}:{node.lineno}", node.func)
-        for path in sorted(PACKAGE.glob("*.py")) if path.name != "__main__.py"
+        (f"{path.relative_to(PACKAGE)}:{node.lineno}", node.func)
+        for path in sorted(PACKAGE.rglob("*.py")) if path.name != "__main__.py"
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.Call)
     ]

@@ -1,5 +1,6 @@
-"""The package as a library: its exports, version, console script and the reports extra's message."""
+"""The package as a library: its exports, old import paths, version, console script and the reports extra's message."""
 
+import importlib
 import importlib.metadata
 import re
 import subprocess
@@ -8,7 +9,7 @@ import sys
 import pytest
 
 import decode_projection
-from decode_projection import sass
+from decode_projection.runtime import sass
 
 
 def test_every_exported_name_resolves():
@@ -25,6 +26,31 @@ def test_every_exported_name_resolves():
 def test_importing_the_package_leaves_the_custom_op_unregistered():
     # A second copy of the package in one process (scripts/ab-check) must be able to import too.
     code = "import sys, decode_projection; assert 'decode_projection.layer' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("old,new", sorted(decode_projection.MOVED.items()))
+def test_an_old_import_path_is_the_moved_module_itself(old, new, monkeypatch):
+    """``decode_projection.<old>`` (from before the folders) and ``decode_projection.<folder>.<module>`` are one
+    module object, however it is reached, so patching either name patches what the package runs."""
+    moved = importlib.import_module(f"decode_projection.{new}")
+    assert importlib.import_module(f"decode_projection.{old}") is moved
+    assert sys.modules[f"decode_projection.{old}"] is moved and getattr(decode_projection, old) is moved
+    exec(f"from decode_projection import {old} as by_name\nassert by_name is moved", {"moved": moved})
+    assert moved.__name__ == moved.__spec__.name == f"decode_projection.{new}"
+    monkeypatch.setattr(sys.modules[f"decode_projection.{old}"], "patched_by_old_name", True, raising=False)
+    assert moved.patched_by_old_name
+
+
+def test_old_import_paths_import_nothing_until_asked():
+    code = (
+        "import sys, decode_projection\n"
+        "assert 'decode_projection.tuning.tune' not in sys.modules and 'decode_projection.tune' not in sys.modules\n"
+        "from decode_projection.tune import tune\n"
+        "assert sys.modules['decode_projection.tune'] is sys.modules['decode_projection.tuning.tune']\n"
+        "assert decode_projection.candidates is sys.modules['decode_projection.tuning.candidates']\n"
+        "assert 'decode_projection.layer' not in sys.modules\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -10,15 +10,16 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from decode_projection import activation, norm, ops, rowwise
-from decode_projection.ops_reference import (
+from decode_projection import ops
+from decode_projection.kernel import activation, norm, rowwise
+from decode_projection.measure.ops_reference import (
     GlueReference,
     rms_norm_float64,
     silu_and_mul_float64,
     torch_manual_rms_norm,
     torch_silu_and_mul,
 )
-from decode_projection.sass import kernel_report
+from decode_projection.runtime.sass import kernel_report
 
 BF16 = torch.bfloat16
 

@@ -5,8 +5,9 @@ chained with projections under programmatic dependent launch, in CUDA graphs and
 import pytest
 import torch
 
-from decode_projection import activation, norm, ops
-from decode_projection.ops_reference import (
+from decode_projection import ops
+from decode_projection.kernel import activation, norm
+from decode_projection.measure.ops_reference import (
     GlueReference,
     rms_norm_float64,
     silu_and_mul_float64,

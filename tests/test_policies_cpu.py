@@ -9,15 +9,18 @@ from dataclasses import replace
 import pytest
 import torch
 
-from decode_projection import candidates, policies, tables
-from decode_projection.candidates import candidate_tactics, early_dependents_tactics, filling_tactics, with_k_boxes
-from decode_projection.gpu import H200, GpuSpec, device_index
-from decode_projection.policies import (
+from decode_projection.kernel.tactic import SplitKTactic
+from decode_projection.policy import policies, tables
+from decode_projection.policy.policies import (
     COMPUTE_BOUND_ROWS, STREAMING_STAGE_BYTES, activation_rows_for, activation_tile_choices, default_tactic,
     filling_tactic, grid_ctas, one_wave_tactic, predicted_time_us, resolve_policies, shared_weight_tactic, waves,
 )
-from decode_projection.tactic import SplitKTactic
-from decode_projection.workload import DECODE_BATCHES, KIMI_K3_SHAPES
+from decode_projection.policy.workload import DECODE_BATCHES, KIMI_K3_SHAPES
+from decode_projection.runtime.gpu import H200, GpuSpec, device_index
+from decode_projection.tuning import candidates
+from decode_projection.tuning.candidates import (
+    candidate_tactics, early_dependents_tactics, filling_tactics, with_k_boxes,
+)
 
 # The heuristic's H200 choices at batches 1, 16, 64 and 256: one tile per SM where N / SMs rounds to 32-192 rows,
 # stages of up to 40 KB; at 256 two 128-row activation tiles sharing each weight tile where N / 66 rounds to 48-256

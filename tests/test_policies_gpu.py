@@ -4,15 +4,15 @@ import pytest
 import torch
 
 from decode_projection import PreparedProjection, SplitKTactic
-from decode_projection.bench import run_benchmark
-from decode_projection.checks import assert_close_to_reference
-from decode_projection.gpu import gpu_spec
-from decode_projection.report import format_tables
+from decode_projection.measure.bench import run_benchmark
+from decode_projection.measure.checks import assert_close_to_reference
+from decode_projection.measure.report import format_tables
+from decode_projection.policy.tables import load_table
+from decode_projection.policy.workload import KIMI_K3_SHAPES
 from decode_projection.runtime import architecture
-from decode_projection.tables import load_table
-from decode_projection.tune import tune
+from decode_projection.runtime.gpu import gpu_spec
+from decode_projection.tuning.tune import tune
 from decode_projection.warmup import compile_all
-from decode_projection.workload import KIMI_K3_SHAPES
 
 from .shipped_tables import gpu_id, resolved_on, shipped_gpus
 

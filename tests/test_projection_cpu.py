@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from decode_projection import PreparedProjection, SplitKTactic, compile_projection, projection, runtime
-from decode_projection.policies import default_tactic, grid_ctas
-from decode_projection.sass import kernel_report
-from decode_projection.splitk import EVICT_LAST, SplitKGemm
-from decode_projection.tables import shipped_tables
-from decode_projection.tactic import PRODUCER_REGISTERS, as_tactic, max_stages
-from decode_projection.workload import DECODE_BATCHES, KIMI_K3_SHAPES
+from decode_projection.kernel.splitk import EVICT_LAST, SplitKGemm
+from decode_projection.kernel.tactic import PRODUCER_REGISTERS, as_tactic, max_stages
+from decode_projection.policy.policies import default_tactic, grid_ctas
+from decode_projection.policy.tables import shipped_tables
+from decode_projection.policy.workload import DECODE_BATCHES, KIMI_K3_SHAPES
+from decode_projection.runtime.sass import kernel_report
 
 from .tactic_grid import GRID, tactic_id
 
@@ -218,18 +218,18 @@ def test_prepare_in_another_thread_waits_for_a_launch_under_way(prepared, monkey
     monkeypatch.setattr(projection, "current_stream", lambda device: None)
     launched = []
     prepared.kernels.update({batch: (lambda *args, batch=batch: launched.append(batch)) for batch in prepared.kernels})
-    checked = projection._overlaps
+    checked = projection.overlaps
 
     def prepare_elsewhere_once_checked(a, b):
         # Another thread re-prepares without batch 4 between this run's checks and its launch.
-        monkeypatch.setattr(projection, "_overlaps", checked)
+        monkeypatch.setattr(projection, "overlaps", checked)
         prepared.policies = {16: SplitKTactic(64, 16, 1, 4)}
         preparing = threading.Thread(target=prepared.prepare)
         preparing.start()
         preparing.join(timeout=0.5)
         return checked(a, b)
 
-    monkeypatch.setattr(projection, "_overlaps", prepare_elsewhere_once_checked)
+    monkeypatch.setattr(projection, "overlaps", prepare_elsewhere_once_checked)
     x, out = torch.randn(4, 512, dtype=torch.bfloat16), torch.empty(4, 256, dtype=torch.bfloat16)
     assert prepared.run(x, out) is out and launched == [4]
     for _ in range(200):  # the other thread goes on once the launch is done
@@ -297,11 +297,11 @@ def test_overlap_is_exact_for_equally_pitched_rows():
         for b in views:
             if a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr():
                 truth = bool(covered(a) & covered(b))
-                assert projection._overlaps(a, b) == truth or (not truth and a.stride(0) != b.stride(0)), (
+                assert projection.overlaps(a, b) == truth or (not truth and a.stride(0) != b.stride(0)), (
                     a.stride(), a.storage_offset(), a.shape, b.stride(), b.storage_offset(), b.shape)
     x_and_out = torch.empty(4, 768, dtype=torch.bfloat16)
-    assert not projection._overlaps(x_and_out[:, :512], x_and_out[:, 512:])
-    assert projection._overlaps(x_and_out[:, :513], x_and_out[:, 512:])
+    assert not projection.overlaps(x_and_out[:, :512], x_and_out[:, 512:])
+    assert projection.overlaps(x_and_out[:, :513], x_and_out[:, 512:])
 
 
 def test_reprepare_checks_what_was_replaced_as_the_constructor_does(prepared):

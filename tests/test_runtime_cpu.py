@@ -21,7 +21,8 @@ from cutlass.cute.nvgpu.common import OperandMajorMode
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 from cutlass.tensor_utils import LayoutEnum
 
-from decode_projection import runtime, sass
+from decode_projection import runtime
+from decode_projection.runtime import sass
 
 
 def _driver_loadable() -> bool:

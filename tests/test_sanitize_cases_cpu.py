@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
-from decode_projection.sass import kernel_report
-from decode_projection.tactic import SplitKTactic
+from decode_projection.runtime.sass import kernel_report
+from decode_projection.kernel.tactic import SplitKTactic
 from tests.test_scripts_cpu import SCRIPTS, load_script
 
 cases = load_script("sanitize_cases")
@@ -154,8 +154,8 @@ def test_the_kernel_hash_changes_with_each_source_and_only_with_them(tmp_path):
     # Anything else in the tree leaves it alone.
     (tmp_path / "README.md").write_text("changed")
     assert kernel_hash.kernel_hash(tmp_path) == before
-    for source in ("decode_projection/splitk.py", "decode_projection/tactic.py", "decode_projection/norm.py",
-                   "scripts/sanitize_cases.py"):
+    for source in ("decode_projection/kernel/splitk.py", "decode_projection/kernel/tactic.py",
+                   "decode_projection/kernel/norm.py", "scripts/sanitize_cases.py"):
         path = tmp_path / source
         text = path.read_text()
         path.write_text(text + "\n# changed\n")
@@ -163,12 +163,12 @@ def test_the_kernel_hash_changes_with_each_source_and_only_with_them(tmp_path):
         path.write_text(text)
         assert kernel_hash.kernel_hash(tmp_path) == before, source
     # A source moved from one file to another is a change too.
-    splitk, tactic = tmp_path / "decode_projection/splitk.py", tmp_path / "decode_projection/tactic.py"
+    splitk, tactic = tmp_path / "decode_projection/kernel/splitk.py", tmp_path / "decode_projection/kernel/tactic.py"
     splitk_text, tactic_text = splitk.read_text(), tactic.read_text()
     splitk.write_text(splitk_text + tactic_text)
     tactic.write_text("")
     assert kernel_hash.kernel_hash(tmp_path) != before
-    (tmp_path / "decode_projection/glue.py").unlink()
+    (tmp_path / "decode_projection/measure/glue.py").unlink()
     with pytest.raises(FileNotFoundError):
         kernel_hash.kernel_hash(tmp_path)
 
@@ -194,7 +194,7 @@ def test_the_record_says_whether_the_sources_changed_since_the_clean_run(tmp_pat
     assert "memcheck: ERROR SUMMARY: 0 errors" in text and "tools: memcheck racecheck synccheck initcheck" in text
     assert check().returncode == 0
     assert kernel_hash.recorded_hash(record) == kernel_hash.kernel_hash(tmp_path)
-    splitk = tmp_path / "decode_projection/splitk.py"
+    splitk = tmp_path / "decode_projection/kernel/splitk.py"
     splitk.write_text(splitk.read_text() + "\n")
     changed = check()
     assert changed.returncode == 1 and "changed" in changed.stdout

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from decode_projection import SplitKTactic, table_tools
+from decode_projection import SplitKTactic
 from decode_projection.__main__ import main
+from decode_projection.tuning import table_tools
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
@@ -302,7 +303,7 @@ def test_compile_candidates_covers_the_incumbents_and_checks_the_sass():
     script = load_script("compile_candidates")
     found = script.retune_tactics([(1536, 128)], [1], limit=2, invariant_limit=1)
     # The shipped tactic of both tables for 1536 x 128 M=1 is among the candidates, compiled once.
-    from decode_projection.tables import shipped_tables
+    from decode_projection.policy.tables import shipped_tables
     shipped = {batches[1] for key, batches in shipped_tables().items() if (key.n, key.k) == (1536, 128)}
     assert shipped and shipped <= found
     tactic, registers, hgmma, utmaldg, spills, _, error = script.check(next(iter(shipped)))

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from decode_projection import PreparedProjection
-from decode_projection.checks import assert_close_to_reference
-from decode_projection.gpu import gpu_spec
-from decode_projection.policies import resolve_policies
-from decode_projection.workload import DECODE_BATCHES, KIMI_K3_SHAPES
+from decode_projection.measure.checks import assert_close_to_reference
+from decode_projection.policy.policies import resolve_policies
+from decode_projection.policy.workload import DECODE_BATCHES, KIMI_K3_SHAPES
+from decode_projection.runtime.gpu import gpu_spec
 
 from .guarded_output import run_guarded
 from .shipped_tables import gpu_id, resolved_on, shipped_gpus

@@ -4,8 +4,8 @@ import itertools
 
 import pytest
 
-from decode_projection.splitk import STAGED_STORE_ROWS, SplitKGemm
-from decode_projection.tactic import (
+from decode_projection.kernel.splitk import STAGED_STORE_ROWS, SplitKGemm
+from decode_projection.kernel.tactic import (
     ACTIVATION_ROWS, COLUMN_GROUPS, FOLDS, MULTICASTS, WEIGHT_ROWS_AS_A, WEIGHT_ROWS_AS_B, WEIGHT_ROWS_FOLDED,
     SplitKTactic, as_tactic, stored_tactic,
 )

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from decode_projection import timing
-from decode_projection.checks import Reference
-from decode_projection.timing import foreign_kernel, whole_rotations
+from decode_projection.measure import timing
+from decode_projection.measure.checks import Reference
+from decode_projection.measure.timing import foreign_kernel, whole_rotations
 
 
 def test_glue_kernel_refuses_the_cpu():

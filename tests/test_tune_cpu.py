@@ -9,11 +9,11 @@ import math
 import pytest
 import torch
 
-from decode_projection import tune as tuning
-from decode_projection.gpu import H200
-from decode_projection.policies import predicted_time_us
-from decode_projection.tactic import SplitKTactic, stored_tactic
-from decode_projection.tables import TableKey, load_table, read_entries
+from decode_projection.kernel.tactic import SplitKTactic, stored_tactic
+from decode_projection.policy.policies import predicted_time_us
+from decode_projection.policy.tables import TableKey, load_table, read_entries
+from decode_projection.runtime.gpu import H200
+from decode_projection.tuning import tune as tuning
 
 
 def timed(tactic, chain, glue=None):

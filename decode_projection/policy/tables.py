@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .tactic import SplitKTactic, as_tactic, stored_tactic
+from ..kernel.tactic import SplitKTactic, as_tactic, stored_tactic
 
 SHIPPED = Path(__file__).with_name("tables")
 FORMAT = 2  # tactics by field name

@@ -20,8 +20,8 @@ import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
-from .projection import WEIGHT_DTYPES
-from .runtime import architecture, current_stream, to_cute
+from ..projection import WEIGHT_DTYPES
+from ..runtime import architecture, current_stream, to_cute
 
 VECTOR = 8  # 16-bit elements per thread: one 16-byte load and store
 THREADS = 256

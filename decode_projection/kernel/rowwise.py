@@ -19,8 +19,7 @@ import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import make_fake_tensor
 
-from .projection import _describe, _overlaps
-from .runtime import architecture, current_stream, to_cute
+from ..runtime import architecture, current_stream, describe, overlaps, to_cute
 
 VECTOR = 8  # 16-bit elements per 16-byte load or store
 ALIGN = 16  # bytes: base address, row pitch and row length granularity
@@ -73,7 +72,7 @@ def check_tensor(op, name, tensor, *, dims, dtype=None, device=None):
         raise TypeError(f"{op} {name} must be a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dim() != dims:
         shape = "[rows, width]" if dims == 2 else "[width]"
-        raise ValueError(f"{op} {name} must be {dims}-D {shape}, got {_describe(tensor)}")
+        raise ValueError(f"{op} {name} must be {dims}-D {shape}, got {describe(tensor)}")
     if tensor.dtype not in ELEMENT_DTYPES:
         raise ValueError(f"{op} {name} must be BF16 or FP16, got {tensor.dtype}")
     if dtype is not None and tensor.dtype != dtype:
@@ -90,7 +89,7 @@ def check_tensor(op, name, tensor, *, dims, dtype=None, device=None):
         # A lazily negated view: the kernel would read or write its storage as is.
         raise ValueError(f"{op} {name} is a negated view; resolve it first (tensor.resolve_neg())")
     if tensor.numel() and tensor.stride(-1) != 1:
-        raise ValueError(f"{op} {name} needs unit stride along its last dimension, got {_describe(tensor)}")
+        raise ValueError(f"{op} {name} needs unit stride along its last dimension, got {describe(tensor)}")
     return arch
 
 
@@ -99,14 +98,14 @@ def check_rows_alignment(op, name, tensor):
     rows, width = tensor.shape
     pitch = tensor.stride(0) if rows > 1 else 0
     if width == 0:
-        raise ValueError(f"{op} {name} rows are empty: {_describe(tensor)}")
+        raise ValueError(f"{op} {name} rows are empty: {describe(tensor)}")
     if width % VECTOR:
-        raise ValueError(f"{op} {name} width must be a multiple of {VECTOR}, got {_describe(tensor)}")
+        raise ValueError(f"{op} {name} width must be a multiple of {VECTOR}, got {describe(tensor)}")
     if pitch % VECTOR or tensor.data_ptr() % ALIGN:
         raise ValueError(f"{op} {name} needs a 16-byte aligned base and row pitch (.contiguous() gives both), "
-                         f"got {_describe(tensor)} at {tensor.data_ptr():#x}")
+                         f"got {describe(tensor)} at {tensor.data_ptr():#x}")
     if rows > 1 and pitch < width:
-        raise ValueError(f"{op} {name} rows overlap (an expanded or strided view?): {_describe(tensor)}")
+        raise ValueError(f"{op} {name} rows overlap (an expanded or strided view?): {describe(tensor)}")
     if rows > MOST_ROWS:
         raise ValueError(f"{op} {name} has {rows} rows, more than a launch's {MOST_ROWS}")
 
@@ -144,7 +143,7 @@ def check_no_overlap(op, written, others):
     for other_name, other, alias_allowed in others:
         if alias_allowed and same_elements(tensor, other):
             continue
-        if _overlaps(tensor, other if other.dim() == 2 else other.view(1, -1)):
+        if overlaps(tensor, other if other.dim() == 2 else other.view(1, -1)):
             allowed = " (it may only be exactly that tensor)" if alias_allowed else ""
             raise ValueError(f"{op} {name} overlaps its {other_name}{allowed}")
 

@@ -21,7 +21,7 @@ import torch
 from cutlass.cute.runtime import make_fake_stream
 from torch.autograd.graph import increment_version
 
-from .projection import _compile_lock
+from ..runtime import compile_lock
 from .rowwise import (
     VECTOR,
     check_dtype,
@@ -92,7 +92,7 @@ def compile_silu_and_mul(dtype, arch, programmatic_launch=True):
 @cache
 def _compile(dtype, arch, programmatic_launch):
     """compile_silu_and_mul on normalized arguments (one entry however they were passed)."""
-    with _compile_lock:  # cute.compile is not thread-safe
+    with compile_lock:  # cute.compile is not thread-safe
         return cute.compile(SiluAndMul(programmatic_launch), fake_rows(dtype), fake_rows(dtype), fake_rows(dtype),
                             make_fake_stream(), options=f"--gpu-arch={arch}")
 

@@ -32,7 +32,7 @@ from cutlass.cute.runtime import make_fake_stream
 from cutlass.memory import SmemAllocator
 from torch.autograd.graph import increment_version
 
-from .projection import _compile_lock
+from ..runtime import compile_lock
 from .rowwise import (
     VECTOR,
     check_dtype,
@@ -166,7 +166,7 @@ def _compile(dtype, fused_residual, arch, programmatic_launch):
     rows = fake_rows(dtype)
     # Unfused, the residual operands are placeholders the kernel never touches.
     args = (rows, fake_vector(dtype), fake_rows(dtype), fake_rows(dtype), fake_rows(dtype), cutlass.Float32(0.0))
-    with _compile_lock:  # cute.compile is not thread-safe
+    with compile_lock:  # cute.compile is not thread-safe
         return cute.compile(RMSNorm(fused_residual, programmatic_launch), *args, make_fake_stream(),
                             options=f"--gpu-arch={arch}")
 

@@ -15,13 +15,13 @@ load. The rules and their evidence: docs/tactics-and-heuristic.md.
 import math
 from dataclasses import replace
 
-from .gpu import H200, GpuSpec
-from .sm90 import WGMMA_ROWS
-from .tables import TableKey, table_policies, table_summation_order
-from .tactic import (
+from ..kernel.tactic import (
     ACTIVATION_ROWS, BOX_K, K_BOXES, WEIGHT_ROWS, WEIGHT_ROWS_AS_B, SplitKTactic, as_tactic, max_stages,
     resident_ctas,
 )
+from ..runtime.gpu import H200, GpuSpec
+from ..runtime.sm90 import WGMMA_ROWS
+from .tables import TableKey, table_policies, table_summation_order
 
 MIN_K_TILES_PER_CTA = 4  # fewer and the pipeline never fills
 HEURISTIC_SPLITS = (1, 2, 4, 8)  # the no-table rule keeps to the splits it was measured with

@@ -13,12 +13,22 @@ boundary at launch or prepare time lives here, in one place:
 - ``to_cute``: an explicit torch -> CuTe tensor conversion. Handing a
   ``torch.Tensor`` straight to a compiled function goes through an adapter
   whose argument struct may silently differ from what was compiled.
+- ``describe`` / ``overlaps``: the argument checks every launcher shares (a
+  tensor's layout for error messages; whether two operands share a byte).
+- ``compile_lock``: ``cute.compile`` is not thread-safe, so every compile in
+  the package (projection, norm, activation) holds this one lock.
 - ``encode_tensor_map`` / ``tensor_maps``: TMA descriptors encoded on the host
   and copied into one device buffer, because the kernel reads its weight map
   from global memory (a 128-byte, 128-byte-aligned ``CUtensorMap``).
 - ``TensorMapSlots`` / ``write_tensor_map``: device slots for the descriptors of
   prepared projections, whose addresses launches on any stream and captured
   CUDA graphs keep using, so the caching allocator must never hand them out.
+
+The glue is this package's own module (``decode_projection.runtime``, as before
+the folders); its other modules are the compile cache (``disk_cache``), the
+SASS reports (``sass``), the GPU's numbers (``gpu``) and sm_90's limits
+(``sm90``). Layer 0 of docs/architecture.md: nothing else of decode_projection
+is imported here.
 """
 
 from __future__ import annotations
@@ -41,6 +51,9 @@ except ImportError:  # older bindings fail at import time instead
 # Hopper's wgmma and the bulk tensor copy exist only in the arch-specific
 # "a" target; plain sm_90 code cannot use them.
 SUPPORTED_ARCHITECTURES = {(9, 0): "sm_90a"}
+
+# cute.compile is not thread-safe: every compile in this package holds this lock.
+compile_lock = threading.Lock()
 
 # A CUtensorMap is an opaque 128-byte object; in global memory it must sit on
 # a 128-byte boundary for the kernel's descriptor fetch.
@@ -130,6 +143,35 @@ def to_cute(tensor: torch.Tensor, assumed_align: int = 16):
             f"(shape {tuple(tensor.shape)}, dtype {tensor.dtype})"
         )
     return cute_runtime.from_dlpack(tensor, assumed_align=assumed_align)
+
+
+def describe(tensor):
+    """Shape, dtype, strides and device of a tensor, for error messages."""
+    return f"{tuple(tensor.shape)} {tensor.dtype} strides {tensor.stride()} on {tensor.device}"
+
+
+def overlaps(a, b):
+    """Whether two 2-D tensors of unit column stride share a byte: exactly where their rows are equally pitched
+    (column slices of one buffer do not overlap), else whether their byte spans intersect."""
+    # Runs on every launch: each tensor property is read once (about 0.1 us apiece).
+    (a_rows, a_cols), (b_rows, b_cols) = a.shape, b.shape
+    a_size, b_size = a.element_size(), b.element_size()
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    a_width, b_width = a_cols * a_size, b_cols * b_size
+    a_pitch = a.stride(0) * a_size if a_rows > 1 else None
+    b_pitch = b.stride(0) * b_size if b_rows > 1 else None
+    a1 = a0 + (a_rows - 1) * (a_pitch or 0) + a_width
+    b1 = b0 + (b_rows - 1) * (b_pitch or 0) + b_width
+    if not (a0 < b1 and b0 < a1):
+        return False
+    pitch = a_pitch or b_pitch or max(a_width, b_width)  # a single row's pitch is never used
+    if a_pitch in (None, pitch) and b_pitch in (None, pitch) and max(a_width, b_width) <= pitch:
+        # Row i of a and row j of b share a byte iff -b_width < (b0 - a0) + (j - i) * pitch < a_width.
+        offset = b0 - a0
+        lowest = max((-b_width - offset) // pitch + 1, 1 - a_rows)
+        highest = min(-((offset - a_width) // pitch) - 1, b_rows - 1)
+        return lowest <= highest
+    return True
 
 
 def _check_spec(spec: TensorMapSpec) -> None:

@@ -8,9 +8,9 @@ disassembled: registers, shared memory, cluster size, and the counts of wgmma
 import time
 from dataclasses import astuple
 
-from .projection import compile_projection
-from .sass import kernel_report
-from .warmup import kernel_jobs
+from ..projection import compile_projection
+from ..runtime.sass import kernel_report
+from ..warmup import kernel_jobs
 
 
 def compile_report(shapes, batches, kinds, *, weight_dtype, output_dtype, arch="sm_90a") -> str:

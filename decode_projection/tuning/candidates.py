@@ -38,17 +38,17 @@ The tuner adds the twins of some that let the next launch in as they start
 import math
 from dataclasses import replace
 
-from .gpu import H200, GpuSpec
-from .policies import (
+from ..kernel.tactic import (
+    ACTIVATION_ROWS_AS_A, BARRIER_BYTES, FOLDS, K_BOXES, MOST_PARTIALS_OF_FOUR_GROUPS, MULTICASTS, SPLITS, WEIGHT_ROWS,
+    WEIGHT_ROWS_AS_A, WEIGHT_ROWS_AS_B, SplitKTactic, max_stages,
+)
+from ..policy.policies import (
     COMPUTE_BOUND_ROWS, HEURISTIC_WEIGHT_ROWS, MIN_STAGES, MOST_CTAS_PER_SM,
     activation_rows_for, activation_tile_choices, covering_rows, ctas_per_sm, default_tactic, largest_split,
     predicted_time_us, waves,
 )
-from .sm90 import PORTABLE_CLUSTER, RESERVED_SMEM_PER_CTA, WGMMA_ROWS
-from .tactic import (
-    ACTIVATION_ROWS_AS_A, BARRIER_BYTES, FOLDS, K_BOXES, MOST_PARTIALS_OF_FOUR_GROUPS, MULTICASTS, SPLITS, WEIGHT_ROWS,
-    WEIGHT_ROWS_AS_A, WEIGHT_ROWS_AS_B, SplitKTactic, max_stages,
-)
+from ..runtime.gpu import H200, GpuSpec
+from ..runtime.sm90 import PORTABLE_CLUSTER, RESERVED_SMEM_PER_CTA, WGMMA_ROWS
 
 WIDE_STAGE_CANDIDATES = 4  # slots for 2- and 4-box variants of the best one-box tactics
 SHARED_LOAD_CANDIDATES = 2  # slots for the best tactic with its activations shared by the other of 1, 2 and 4 tiles

@@ -18,8 +18,8 @@ import torch
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 from cutlass.experimental.primitives import nvvm_wrapper as nvvm
 
-from .runtime import architecture, current_stream, to_cute
-from .splitk import EVICT_FIRST
+from ..kernel.splitk import EVICT_FIRST
+from ..runtime import architecture, current_stream, to_cute
 
 CHUNK_BYTES = 16 * 1024
 STAGES = 12  # 192 KB in flight per SM

@@ -18,12 +18,12 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm import tqdm
 
+from ..projection import PreparedProjection
+from ..runtime import architecture
+from ..warmup import compile_all, kernel_jobs, policies_for
 from .ceiling import stream_read
 from .checks import Reference
-from .projection import PreparedProjection
-from .runtime import architecture
 from .timing import CHAIN, CONTEXTS, LaunchContexts, cold_copies
-from .warmup import compile_all, kernel_jobs, policies_for
 
 # Launch kinds: with programmatic dependent launch (the default), or plain (PreparedProjection's
 # programmatic_launch=False), whose cells are labelled "<policy>/plain".

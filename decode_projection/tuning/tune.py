@@ -67,17 +67,17 @@ import cutlass
 import torch
 from tqdm import tqdm
 
-from .checks import Reference
-from .clocks import ClockLog
+from ..kernel.tactic import SplitKTactic
+from ..measure.checks import Reference
+from ..measure.clocks import ClockLog
+from ..measure.timing import CHAIN, CONTEXTS, GLUE, LaunchContexts, cold_copies, geometric_mean
+from ..policy.policies import COMPUTE_BOUND_ROWS, activation_rows_for
+from ..policy.tables import TableKey, dtype_name, key_of, load_table, read_entries, table_policies, write_table
+from ..projection import PreparedProjection
+from ..runtime import architecture
+from ..runtime.gpu import gpu_spec
+from ..warmup import compile_all, compiling_processes, tactic_jobs
 from .candidates import buffered_partials_tactics, candidate_tactics, early_dependents_tactics
-from .gpu import gpu_spec
-from .policies import COMPUTE_BOUND_ROWS, activation_rows_for
-from .projection import PreparedProjection
-from .runtime import architecture
-from .tactic import SplitKTactic
-from .tables import TableKey, dtype_name, key_of, load_table, read_entries, table_policies, write_table
-from .timing import CHAIN, CONTEXTS, GLUE, LaunchContexts, cold_copies, geometric_mean
-from .warmup import compile_all, compiling_processes, tactic_jobs
 
 logger = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ import gzip
 import json
 from dataclasses import asdict, replace
 
+from ..kernel.tactic import stored_tactic
 from .bench import Cell
-from .tactic import stored_tactic
 from .timing import CHAIN, CONTEXTS, GLUE, geometric_mean
 
 FORMAT = 2  # of saved runs: tactics by field name

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import KW_ONLY, dataclass, fields
 from typing import Any, NamedTuple
 
-from .sm90 import (
+from ..runtime.sm90 import (
     MOST_WGMMA_COLUMNS, PORTABLE_CLUSTER, QUARTER_REGISTERS, RESERVED_SMEM_PER_CTA, SMEM_CAPACITY, SMEM_PER_SM,
     WGMMA_ROWS,
 )

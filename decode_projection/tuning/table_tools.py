@@ -16,10 +16,10 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from .report import document_cells, read_document
-from .tables import key_of, load_table, read_entries, write_table
-from .tactic import stored_tactic
-from .timing import geometric_mean
+from ..kernel.tactic import stored_tactic
+from ..measure.report import document_cells, read_document
+from ..measure.timing import geometric_mean
+from ..policy.tables import key_of, load_table, read_entries, write_table
 from .tune import row_times
 
 

@@ -88,7 +88,7 @@ from cutlass._mlir import ir
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.experimental.primitives import nvvm_wrapper as nvvm
 
-from .sm90 import WGMMA_ROWS
+from ..runtime.sm90 import WGMMA_ROWS
 from .tactic import BOX_K, PRODUCER_REGISTERS, SplitKTactic, as_tactic
 
 # TMA L2 cache-policy descriptors (createpolicy.fractional, fraction 1.0).

@@ -59,7 +59,7 @@ logger = logging.getLogger(__name__)
 FORMAT = "2"  # 2: file names carry the hash of their bytes
 SWITCH = "DECODE_PROJECTION_DISK_CACHE"
 SWITCH_WORDS = {"1": True, "true": True, "on": True, "yes": True, "0": False, "false": False, "off": False, "no": False}
-PACKAGE = Path(__file__).parent
+PACKAGE = Path(__file__).parent.parent
 # The module that compiles the kernel: it and every module of this package it imports, transitively, are
 # inputs of code generation.
 COMPILING_MODULE = "projection"
@@ -119,28 +119,50 @@ def writable_cache_dir():
 
 def codegen_sources() -> list:
     """The files of every module of this package that compiling the kernel imports, transitively (the package's
-    ``__init__`` runs first, whatever is imported)."""
-    found, pending = set(), [COMPILING_MODULE, "__init__"]
+    ``__init__`` runs first, whatever is imported, and so does each folder's)."""
+    found, pending = set(), [COMPILING_MODULE, ""]
     while pending:
         module = pending.pop()
         if module not in found:
             found.add(module)
-            pending.extend(_package_imports(PACKAGE / f"{module}.py"))
-    return sorted(PACKAGE / f"{module}.py" for module in found)
+            pending.extend(_package_imports(module))
+    return sorted(_module_path(module) for module in found)
 
 
-def _package_imports(path) -> set:
-    """The modules of this package that the source at ``path`` imports, anywhere in it (functions too)."""
+def _module_path(module):
+    """The file of a module of this package by its dotted name below the package ("" is the package itself),
+    or None when there is none (a name imported from a module rather than a module)."""
+    folder = PACKAGE.joinpath(*module.split(".")) if module else PACKAGE
+    for path in (folder / "__init__.py", folder.with_suffix(".py") if module else None):
+        if path is not None and path.is_file():
+            return path
+    return None
+
+
+def _package_imports(module) -> set:
+    """The modules of this package that ``module`` (a dotted name below the package) imports, anywhere in it
+    (functions too), with every folder they sit in: importing ``kernel.splitk`` runs ``kernel/__init__.py``."""
+    path = _module_path(module)
+    parts = module.split(".") if module else []
+    package = parts if path.name == "__init__.py" else parts[:-1]  # what a relative import starts from
     dotted = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             dotted += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            module = f"{PACKAGE.name}.{node.module or ''}".rstrip(".") if node.level else node.module or ""
+            if node.level:
+                base = [PACKAGE.name, *package[:len(package) - (node.level - 1)]]
+                name = ".".join([*base, node.module] if node.module else base)
+            else:
+                name = node.module or ""
             # ``from . import x`` and ``from decode_projection import x`` import the module x: any name may be one.
-            dotted += [module] + [f"{module}.{alias.name}" for alias in node.names]
-    modules = {name.split(".")[1] for name in dotted if name.startswith(f"{PACKAGE.name}.")}
-    return {module for module in modules if (PACKAGE / f"{module}.py").is_file()}
+            dotted += [name] + [f"{name}.{alias.name}" for alias in node.names]
+    modules = set()
+    for name in dotted:
+        if name.startswith(f"{PACKAGE.name}."):
+            parts = name.split(".")[1:]
+            modules.update(".".join(parts[:end]) for end in range(1, len(parts) + 1))
+    return {module for module in modules if _module_path(module) is not None}
 
 
 @cache
@@ -149,7 +171,7 @@ def source_fingerprint() -> str:
     digest = hashlib.sha256()
     for path in codegen_sources():
         text = path.read_bytes()
-        digest.update(f"{path.name}\0{len(text)}\0".encode() + text)
+        digest.update(f"{path.relative_to(PACKAGE).as_posix()}\0{len(text)}\0".encode() + text)
     return digest.hexdigest()
 
 
