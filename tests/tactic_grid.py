@@ -3,6 +3,7 @@
 import itertools
 
 from decode_projection import SplitKTactic
+from decode_projection.kernel.splitk import STAGED_STORE_ROWS
 from decode_projection.kernel.tactic import ACTIVATION_ROWS, K_BOXES, max_stages
 
 # Every tile and split at a short pipeline.
@@ -109,3 +110,16 @@ def tactic_id(tactic: SplitKTactic) -> str:
     return (f"w{tactic.weight_rows}-a{tactic.activation_rows}-s{tactic.split}-st{tactic.stages}"
             f"-kb{tactic.k_boxes}-mc{tactic.multicast}-cg{tactic.column_groups}{'-wb' if tactic.weight_as_b else ''}"
             f"{'-early' if tactic.dependents_at_start else ''}{f'-f{tactic.fold}' if tactic.fold > 1 else ''}")
+
+
+def code_path(tactic: SplitKTactic) -> tuple:
+    """The branches of the kernel's code that a tactic takes with a 16-bit output: tactics of one path differ only in
+    sizes (tile shapes, stages, split, sharers)."""
+    split = tactic.split > 1
+    return (
+        split, split and tactic.keeps_own_partials, split and tactic.reduction_buffered,
+        split and tactic.reduction_vector, tactic.weight_sharers > 1, tactic.activation_sharers > 1,
+        tactic.weight_as_b, tactic.fold > 1, tactic.dependents_at_start, tactic.reallocates_registers,
+        tactic.weight_smem_rows > tactic.weight_rows, not split and tactic.activation_rows >= STAGED_STORE_ROWS,
+        tactic.column_groups, tactic.k_boxes,
+    )

@@ -21,7 +21,7 @@ from decode_projection.policy.tables import shipped_tables
 from decode_projection.policy.workload import DECODE_BATCHES, KIMI_K3_SHAPES
 from decode_projection.runtime.sass import kernel_report
 
-from .tactic_grid import GRID, tactic_id
+from .tactic_grid import GRID, code_path, tactic_id
 
 TACTIC = SplitKTactic(64, 8, 2, 4)
 
@@ -575,8 +575,17 @@ HEURISTIC = sorted({default_tactic(n, k, batch) for n, k in KIMI_K3_SHAPES for b
                    - set(GRID) - set(SHIPPED), key=tactic_id)
 
 
+COMPILED = GRID + SHIPPED + HEURISTIC
+# The first tactic of each code path, marked path_sample: the quick compile check on the oldest DSL release we
+# allow (scripts/test-dsl47).
+PATH_SAMPLE = set({code_path(t): t for t in reversed(COMPILED)}.values())
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("tactic", GRID + SHIPPED + HEURISTIC, ids=tactic_id)
+@pytest.mark.parametrize(
+    "tactic", [pytest.param(t, marks=pytest.mark.path_sample) if t in PATH_SAMPLE else t for t in COMPILED],
+    ids=tactic_id,
+)
 def test_every_tactic_compiles_to_wgmma_and_tma_without_spills(tactic):
     report = kernel_report(compile_projection(tactic, torch.bfloat16, "sm_90a"))
     assert report.arch == "sm_90a"
@@ -587,7 +596,7 @@ def test_every_tactic_compiles_to_wgmma_and_tma_without_spills(tactic):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tactic", [t for t in GRID + SHIPPED + HEURISTIC if t.reallocates_registers], ids=tactic_id)
+@pytest.mark.parametrize("tactic", [t for t in COMPILED if t.reallocates_registers], ids=tactic_id)
 def test_register_handover_stays_within_what_the_cta_holds(tactic):
     """setmaxnreg.inc waits for registers the CTA holds: asking past them hangs the launch (docs/compute-bound-tiling.md)."""
     report = kernel_report(compile_projection(tactic, torch.bfloat16, "sm_90a"))

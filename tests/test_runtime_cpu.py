@@ -19,7 +19,12 @@ import cutlass.utils.hopper_helpers as sm90
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cute.nvgpu.common import OperandMajorMode
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
-from cutlass.tensor_utils import LayoutEnum
+
+try:
+    from cutlass.memory import SmemAllocator
+    from cutlass.tensor_utils import LayoutEnum
+except ImportError:  # the CuTe DSL 4.7 has them in cutlass.utils only (where 4.8 deprecates them)
+    from cutlass.utils import LayoutEnum, SmemAllocator
 
 from decode_projection import runtime
 from decode_projection.runtime import sass
@@ -268,7 +273,7 @@ class _OneTileGemm:
     def kernel(self, a_atom: cute.CopyAtom, a_tma: cute.Tensor, b_atom: cute.CopyAtom, b_tma: cute.Tensor,
                c: cute.Tensor, mma: cute.TiledMma, a_layout: cute.ComposedLayout, b_layout: cute.ComposedLayout):
         tidx, _, _ = cute.arch.thread_idx()
-        storage = cutlass.memory.SmemAllocator().allocate(self.storage)
+        storage = SmemAllocator().allocate(self.storage)
         barrier = storage.barrier.data_ptr()
         sA = storage.a.get_tensor(a_layout.outer, swizzle=a_layout.inner)
         sB = storage.b.get_tensor(b_layout.outer, swizzle=b_layout.inner)

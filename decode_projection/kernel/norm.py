@@ -29,8 +29,12 @@ import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import make_fake_stream
-from cutlass.memory import SmemAllocator
 from torch.autograd.graph import increment_version
+
+try:
+    from cutlass.memory import SmemAllocator
+except ImportError:  # the CuTe DSL 4.7 has it in cutlass.utils only (where 4.8 deprecates it)
+    from cutlass.utils import SmemAllocator
 
 from ..runtime import compile_lock
 from .rowwise import (

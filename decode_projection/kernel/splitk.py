@@ -85,6 +85,8 @@ import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass._mlir import ir
+from cutlass._mlir.dialects import llvm
+from cutlass._mlir.dialects import nvvm as nvvm_dialect
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.experimental.primitives import nvvm_wrapper as nvvm
 
@@ -102,6 +104,29 @@ STAGED_STORE_ROWS = 32
 STAGING_PAD = 8  # elements after each staged activation row: a warp's staging stores then hit distinct banks
 STAGING_BARRIER = 1  # named barrier of the consumer warps (0 is the whole CTA's)
 VECTOR = 8  # 16-bit outputs per 16-byte store
+
+
+@cutlass.dsl_user_op
+def store_async_dsmem(target, words, barrier, peer, *, loc=None, ip=None):
+    """One ``st.async`` of 1, 2 or 4 32-bit ``words`` to ``target`` in cluster CTA ``peer``, whose copy of ``barrier``
+    counts the bytes. ``cute.arch.store_async_dsmem`` of the DSL 4.7 stores one word only, and its libNVVM takes no
+    ``nvvm.store_async`` (what the DSL 4.8's emits), hence the PTX inline: with 4.8 the SASS is the same either way."""
+    dsmem = llvm.PointerType.get(cute.AddressSpace.dsmem)
+    rank = cutlass.Int32(peer).ir_value(loc=loc, ip=ip)
+    address = nvvm_dialect.mapa(dsmem, target.to_llvm_ptr(loc=loc, ip=ip), rank, loc=loc, ip=ip)
+    peer_barrier = nvvm_dialect.mapa(dsmem, barrier.to_llvm_ptr(loc=loc, ip=ip), rank, loc=loc, ip=ip)
+    values = [cutlass.Int32(word).ir_value(loc=loc, ip=ip) for word in words]
+    n = len(values)
+    operands = "$1" if n == 1 else "{" + ", ".join(f"${i + 1}" for i in range(n)) + "}"
+    shape = "" if n == 1 else f".v{n}"
+    llvm.inline_asm(
+        None,
+        [llvm.ptrtoint(ir.IntegerType.get_signless(32), address, loc=loc, ip=ip), *values,
+         llvm.ptrtoint(ir.IntegerType.get_signless(32), peer_barrier, loc=loc, ip=ip)],
+        f"st.async.shared::cluster.mbarrier::complete_tx::bytes{shape}.b32 [$0], {operands}, [${n + 1}];",
+        ",".join(["r"] * (n + 2)),
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
+    )
 
 
 class CtaWork(NamedTuple):
@@ -576,7 +601,7 @@ class SplitKGemm:
         target = cute.make_ptr(
             cutlass.Float32, buffer.toint() + offset * 4, cute.AddressSpace.smem, assumed_align=4 * len(vector)
         )
-        cute.arch.store_async_dsmem(target, vector if len(vector) > 1 else vector[0], arrived, owner)
+        store_async_dsmem(target, vector, arrived, owner)
 
     def sharing_layout(self):
         """Who fills whose pipeline stages, for the pipeline's release signals."""

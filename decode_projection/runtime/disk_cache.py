@@ -175,6 +175,11 @@ def source_fingerprint() -> str:
     return digest.hexdigest()
 
 
+# The settings the DSL 4.8 keys its compiles on (EnvironmentVarManager.cache_key_str) that 4.7 has, for 4.7.
+DSL_47_SETTINGS = ("auto_m2s", "compiler_opt", "debug", "dryrun", "enable_assertions", "enable_pyir", "enable_tvm_ffi",
+                   "lineinfo", "loc_tracebacks", "shared_libs", "tolerate_m2m", "warnings_as_errors")
+
+
 @cache
 def dsl_settings() -> str:
     """The DSL's compile-affecting settings (debug, line info, optimization, runtime library).
@@ -183,7 +188,11 @@ def dsl_settings() -> str:
     """
     from cutlass.cutlass_dsl import CuTeDSL
 
-    settings = CuTeDSL._get_dsl().envar.cache_key_str().split(";")
+    envar = CuTeDSL._get_dsl().envar
+    if hasattr(envar, "cache_key_str"):
+        settings = envar.cache_key_str().split(";")
+    else:  # the DSL 4.7 lists none
+        settings = [f"{name}={getattr(envar, name)!r}" for name in DSL_47_SETTINGS]
     return ";".join(entry for entry in settings if not entry.startswith("arch="))
 
 
