@@ -15,7 +15,8 @@ on a Hopper GPU, what the projection pays there and why:
     python benchmarks/startup_probe.py --json startup.json
 
 Every stamp is relative to the end of the previous kernel's last CTA (the glue's), in microseconds, as
-medians over replays of a CUDA graph of repeated pairs (the last pair of each replay is read).
+medians over replays of a CUDA graph of repeated pairs rotating through weight copies worth over 3x the L2 (the
+last pair of each replay is read, its weight cold).
 """
 
 import argparse
@@ -170,30 +171,31 @@ class StampedGemm(SplitKGemm):
             write_stamp(self.address, "exit", cta_slot())
 
 
-def stamped_projection(address, weight, tactic, programmatic):
-    """``launch(x, out)`` of ``tactic`` compiled with stamps, for ``weight``."""
-    arch = architecture(weight.device)
+def stamped_projection(address, weights, tactic, programmatic):
+    """``launch(i, x, out)``: ``tactic`` compiled with stamps, on weight copy ``i``."""
+    device = weights[0].device
     kernel = StampedGemm(tactic, programmatic, address)
-    code = cute.compile(kernel, *kernel_arguments(weight.dtype, torch.bfloat16), options=f"--gpu-arch={arch}")
-    prepared = PreparedProjection(weight, {1: tactic}).prepare()  # for its weight view and map only
-    map_address = prepared.extra[1]
+    code = cute.compile(kernel, *kernel_arguments(weights[0].dtype, torch.bfloat16),
+                        options=f"--gpu-arch={architecture(device)}")
+    prepared = [PreparedProjection(w, {1: tactic}).prepare() for w in weights]  # for weight views and maps only
 
-    def launch(x, out):
-        code(prepared.weight_view, matrix_view(x), matrix_view(out, output=True), *map_address,
-             current_stream(weight.device))
+    def launch(i, x, out):
+        code(prepared[i].weight_view, matrix_view(x), matrix_view(out, output=True), *prepared[i].extra[1],
+             current_stream(device))
     launch.keep = prepared
     return launch
 
 
-def replay_stamps(stamps, pair, repeats=20, pairs=8):
+def replay_stamps(stamps, pair, copies=1, repeats=20):
     """Per event, the medians over ``repeats`` replays of (first CTA, median CTA, last CTA) stamp minus glue end, us;
-    ``pair()`` launches the previous kernel and the stamped one."""
+    ``pair(i)`` launches the previous kernel and the stamped one on weight copy ``i``. The graph rotates through the
+    ``copies`` twice (at least 8 pairs), so the pair whose stamps stay reads a weight that is cold in L2."""
     graph = torch.cuda.CUDAGraph()
-    pair()
+    pair(0)
     torch.cuda.synchronize()
     with torch.cuda.graph(graph):
-        for _ in range(pairs):
-            pair()
+        for i in range(max(8, 2 * copies)):
+            pair(i % copies)
     found = {event: [] for event in EVENTS[1:-1]}
     for _ in range(repeats):
         stamps.zero_()
@@ -231,7 +233,7 @@ def launch_probes(stamps, glue, ctas):
                             options="--gpu-arch=sm_90a")
         launch = lambda i, code=code: code(cutlass.Int32(ctas), stream())  # noqa: E731
         results[name] = {
-            "stamps": replay_stamps(stamps, lambda: (glue(), launch(0))),
+            "stamps": replay_stamps(stamps, lambda i: (glue(), launch(0))),
             "us_after_glue": interleaved_time_us({0: launch}, 2, separators={0: glue})[0],
             "us_chain": interleaved_time_us({0: launch}, 2)[0],
         }
@@ -250,7 +252,7 @@ def timelines(stamps, plain_glue, pdl_glue):
     device = stamps.device
     results = {}
     for n, k in SHAPES[:3]:
-        weight = torch.randn(n, k, device=device).to(torch.bfloat16)
+        weights = [torch.randn(n, k, device=device).to(torch.bfloat16) for _ in range(cold_copies(n * k * 2, device))]
         policies, _ = resolve_policies(n, k, BATCHES, gpu=gpu_spec(device), weight_dtype=torch.bfloat16,
                                        output_dtype=torch.bfloat16)
         for batch in BATCHES:
@@ -258,16 +260,15 @@ def timelines(stamps, plain_glue, pdl_glue):
             x = torch.randn(batch, k, device=device).to(torch.bfloat16)
             out = torch.empty(batch, n, device=device, dtype=torch.bfloat16)
             for programmatic in (True, False):
-                launch = stamped_projection(stamps.data_ptr(), weight, tactic, programmatic)
-                launch(x, out)
+                launch = stamped_projection(stamps.data_ptr(), weights, tactic, programmatic)
+                launch(0, x, out)
                 torch.cuda.synchronize()
-                reference = (x.double() @ weight.double().T)
+                reference = (x.double() @ weights[0].double().T)
                 error = ((out.double() - reference).norm() / reference.norm()).item()
                 assert error < 1e-2, f"stamped projection is off: {error}"
                 for before, glue in (("glue", plain_glue), ("pdl-glue", pdl_glue)):
-                    key = f"{n}x{k} M={batch} {tactic.label if hasattr(tactic, 'label') else tactic} " \
-                          f"{'pdl' if programmatic else 'plain'} after {before}"
-                    results[key] = replay_stamps(stamps, lambda: (glue(), launch(x, out)))
+                    key = f"{n}x{k} M={batch} {tactic.label} {'pdl' if programmatic else 'plain'} after {before}"
+                    results[key] = replay_stamps(stamps, lambda i: (glue(), launch(i, x, out)), len(weights))
                     print(key, flush=True)
                     for event, triple in results[key].items():
                         print(f"    {event:18s} {fmt(triple)}")

@@ -1,0 +1,38 @@
+"""The start-up probe's kernels compile for sm_90a: the stamped glue (plain and PDL), an empty kernel with the
+projection's launch properties, and the projection with its timeline stamps (a subclass of SplitKGemm)."""
+
+import sys
+from pathlib import Path
+
+import cutlass
+import cutlass.cute as cute
+import pytest
+import torch
+from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+from decode_projection.projection import kernel_arguments
+from decode_projection.runtime.sass import kernel_report
+from decode_projection.tactic import SplitKTactic
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import startup_probe  # noqa: E402
+
+ADDRESS = 1 << 32  # a stamp buffer's address, baked in as the probe does
+
+
+@pytest.mark.slow
+def test_every_probe_kernel_compiles_and_stamps():
+    fake = make_fake_tensor(cutlass.Float32, (cute.sym_int(),), (1,), assumed_align=16)
+    for pdl in (False, True):
+        glue = cute.compile(startup_probe.StampedGlue(ADDRESS, pdl), fake, make_fake_stream(),
+                            options="--gpu-arch=sm_90a")
+        assert "GLOBALTIMER" in kernel_report(glue).sass
+    probe = startup_probe.LaunchProbe(ADDRESS, 200 * 1024, 4, 160, True, 100)
+    assert kernel_report(cute.compile(probe, cutlass.Int32(1), make_fake_stream(), options="--gpu-arch=sm_90a"))
+    tactic = SplitKTactic(128, 8, 3, 13)
+    stamped = cute.compile(startup_probe.StampedGemm(tactic, True, ADDRESS),
+                           *kernel_arguments(torch.bfloat16, torch.bfloat16), options="--gpu-arch=sm_90a")
+    report = kernel_report(stamped)
+    # Every event of the projection's timeline is written: entry, first TMA, producer past its wait, consumer
+    # start, epilogue and exit.
+    assert report.sass.count("GLOBALTIMER") >= 6 and report.local_bytes == 0
