@@ -9,7 +9,6 @@ allocates nothing, never synchronizes and can be captured in a CUDA graph.
 """
 
 import logging
-import math
 import threading
 import weakref
 from functools import cache
@@ -204,13 +203,6 @@ def check_batches(batches, owner: str) -> tuple:
     return found
 
 
-def grid_columns(tactic, n: int) -> int:
-    """The launch grid's x for an ``n``-row weight: its tiles in whole groups of activation sharers, each tile
-    ``split`` CTAs (SplitKGemm.__call__)."""
-    groups = math.ceil(math.ceil(n / tactic.weight_rows) / tactic.activation_sharers)
-    return groups * tactic.activation_sharers * tactic.split
-
-
 def policies_for(weight, batches, *, output_dtype, batch_invariant=False):
     """``({batch: tactic}, {batch: "table" | "heuristic"})`` for ``weight`` on its GPU: a table's tactics where
     one holds the shape (a shipped one, or one named in DECODE_PROJECTION_TABLES), else the heuristic's."""
@@ -316,7 +308,7 @@ class PreparedProjection:
             if m_tiles > MOST_GRID_ROWS:
                 raise ValueError(f"policy batch {batch} needs {m_tiles} activation tiles of {tactic.activation_rows} "
                                  f"rows, more than a launch's {MOST_GRID_ROWS}")
-            columns = grid_columns(tactic, self.weight.shape[0])
+            columns = tactic.grid_columns(self.weight.shape[0])
             if columns > MOST_GRID_COLUMNS:
                 raise ValueError(f"{tactic} needs a grid {columns} CTAs wide for {self.weight.shape[0]} weight rows, "
                                  f"more than a launch's {MOST_GRID_COLUMNS}")

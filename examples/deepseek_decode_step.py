@@ -154,16 +154,6 @@ class StandIn(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
-def glue_ops():
-    """``decode_projection.ops`` (the PDL-aware RMSNorm / SiLU-and-mul), or None while it does not exist."""
-    try:
-        return importlib.import_module("decode_projection.ops")
-    except ModuleNotFoundError as error:
-        if error.name not in ("decode_projection.ops",):
-            raise
-        return None
-
-
 class GlueRMSNorm(nn.Module):
     """The model's RMSNorm by ``decode_projection.ops.rms_norm`` (one rounding where transformers' rounds twice)."""
 
@@ -394,10 +384,9 @@ def benchmark(transformers, args, sizes, batches, cache_lens, device="cuda"):
     variants = {"nn.Linear": {name: linears[name] for name in report.swapped}}
     variants.update(projection_variants(report, linears, batches, args.pdl))
     if args.glue:
-        ops = glue_ops()
-        if ops is None:
-            print("glue: PDL-aware glue not available here (no decode_projection.ops); variant skipped")
-        elif "ours, PDL" not in variants:
+        from decode_projection import ops
+
+        if "ours, PDL" not in variants:
             print("glue: the glue variant builds on this package's layers with PDL (--pdl on or both); skipped")
         else:
             glue, notes = glue_modules(model, ops, batches)

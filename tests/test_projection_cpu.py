@@ -108,7 +108,10 @@ def test_a_grid_wider_than_a_launch_is_refused():
 def test_grid_columns_times_grid_rows_is_the_grid(tactic):
     """Whole groups of activation sharers along x, each weight tile ``split`` CTAs wide; as the cost model counts."""
     for n, batch in ((130, 1), (2112, 77), (7168, 256)):
-        assert projection.grid_columns(tactic, n) * tactic.grid_rows(batch) == grid_ctas(tactic, n, batch)
+        tiles = -(-n // tactic.weight_rows)
+        columns = -(-tiles // tactic.activation_sharers) * tactic.activation_sharers * tactic.split
+        assert tactic.grid_columns(n) == columns
+        assert columns * tactic.grid_rows(batch) == grid_ctas(tactic, n, batch)
 
 
 def test_prepare_refuses_cpu_weight():

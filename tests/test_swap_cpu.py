@@ -339,11 +339,3 @@ def test_glue_modules_on_the_tiny_model_keep_its_logits():
     torch.testing.assert_close(glued, expected, rtol=0.05, atol=0.05)
 
 
-def test_glue_variant_is_skipped_without_the_ops_module(monkeypatch):
-    example = load_example()
-
-    def missing(name):
-        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-
-    monkeypatch.setattr(example.importlib, "import_module", missing)
-    assert example.glue_ops() is None
