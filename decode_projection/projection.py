@@ -211,21 +211,16 @@ def policies_for(weight, batches, *, output_dtype, batch_invariant=False):
     policies, sources = resolve_policies(n, k, batches, gpu=gpu, weight_dtype=weight.dtype,
                                          output_dtype=output_dtype, batch_invariant=batch_invariant)
     mode = " batch-invariant" if batch_invariant else ""
-    _log_policy_sources(gpu.name, f"{n}x{k} {dtype_name(weight.dtype)}->{dtype_name(output_dtype)}{mode}", sources)
+    _log_policy_sources(gpu.name, f"{n}x{k} {dtype_name(weight.dtype)}->{dtype_name(output_dtype)}{mode}",
+                        tuple(sorted(sources.items())))
     return policies, sources
 
 
-_logged_policy_sources = set()
-
-
-def _log_policy_sources(gpu: str, shape: str, sources: dict) -> None:
+@cache
+def _log_policy_sources(gpu: str, shape: str, sources: tuple) -> None:
     """Say, once per GPU, shape and batches, whether a table or the heuristic chose the tactics."""
-    key = (gpu, shape, tuple(sorted(sources.items())))
-    if key in _logged_policy_sources:
-        return
-    _logged_policy_sources.add(key)
-    tabled = sorted(batch for batch, source in sources.items() if source == "table")
-    guessed = sorted(batch for batch, source in sources.items() if source != "table")
+    tabled = sorted(batch for batch, source in sources if source == "table")
+    guessed = sorted(batch for batch, source in sources if source != "table")
     if not tabled:
         logger.info("no table for %s holds %s: heuristic tactics", gpu, shape)
     elif not guessed:

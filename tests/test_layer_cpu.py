@@ -245,7 +245,7 @@ def test_the_first_fallback_of_each_layer_is_logged_with_its_reason(caplog):
 
 def test_the_source_of_the_tactics_is_logged_once_per_shape(monkeypatch, caplog):
     on_gpu = pretend_layers_run_on_hopper(monkeypatch, [])
-    monkeypatch.setattr(projection, "_logged_policy_sources", set())
+    projection._log_policy_sources.cache_clear()
     layers = [ProjectionLinear(torch.randn(48, 64, dtype=torch.bfloat16)) for _ in range(2)]
     on_gpu()
     with caplog.at_level(logging.INFO, logger="decode_projection"):
