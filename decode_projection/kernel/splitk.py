@@ -413,11 +413,11 @@ class SplitKGemm:
         if cutlass.const_expr(not t.dependents_at_start):
             cute.arch.griddepcontrol_launch_dependents()
         else:
-            # The late trigger used to stand between the last wgmma wait (and the ``k_count > 0`` release)
-            # and griddepcontrol.wait. With nothing there, ptxas serializes every wgmma of the main loop
-            # where the epilogue is staged (warning C7514: it counts the staging's accumulator reads as inside
-            # the pipeline stage), up to 50% slower; a fence keeps the stage closed. One per thread, harmless
-            # for the other early tactics (docs/programmatic-launch.md).
+            # Something must stand between the last wgmma wait (and the ``k_count > 0`` release) and
+            # griddepcontrol.wait: with nothing there, ptxas serializes every wgmma of the main loop where the
+            # epilogue is staged (warning C7514: it counts the staging's accumulator reads as inside the
+            # pipeline stage), up to 50% slower; a fence keeps the stage closed. One per thread, harmless for
+            # the other early tactics (docs/programmatic-launch.md).
             cute.arch.fence_acq_rel_cta()
         if cutlass.const_expr(t.split == 1):
             cute.arch.griddepcontrol_wait()  # the reduction waits once its partials are sent
