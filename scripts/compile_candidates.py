@@ -20,22 +20,22 @@ import torch
 from decode_projection.cli_args import batch_list, positive_int, shape
 from decode_projection.policy.tables import invariant_orders, shipped_tables
 from decode_projection.policy.workload import DECODE_BATCHES
-from decode_projection.runtime.gpu import H200
+from decode_projection.runtime.gpu import H200, KNOWN_GPUS
 from decode_projection.tuning.tune import chosen_order_candidates, free_candidates
 
 BF16 = torch.bfloat16
 
 
-def retune_tactics(shapes, batches, *, limit, invariant_limit) -> set:
-    """Every tactic a re-tune of ``shapes`` (BF16, H200, shipped orders pinned) would compile."""
+def retune_tactics(shapes, batches, *, limit, invariant_limit, gpu=H200) -> set:
+    """Every tactic a re-tune of ``shapes`` on ``gpu`` (BF16, shipped orders pinned) would compile."""
     kinds = {"weight_dtype": BF16, "output_dtype": BF16}
-    orders = invariant_orders(H200, shapes, BF16, BF16)
+    orders = invariant_orders(gpu, shapes, BF16, BF16)
     found = set()
     for n, k in shapes:
         for batch in batches:
-            found.update(free_candidates(n, k, batch, H200, limit=limit, incumbents=shipped_tables(), kinds=kinds))
+            found.update(free_candidates(n, k, batch, gpu, limit=limit, incumbents=shipped_tables(), kinds=kinds))
             if (n, k) in orders:
-                found.update(chosen_order_candidates(n, k, batch, H200, order=orders[n, k], limit=invariant_limit,
+                found.update(chosen_order_candidates(n, k, batch, gpu, order=orders[n, k], limit=invariant_limit,
                                                      timed=[]))
     return found
 
@@ -60,9 +60,10 @@ def main():
     parser.add_argument("--candidates", type=positive_int, default=16, help="the tune's --candidates")
     parser.add_argument("--invariant-candidates", type=positive_int, default=6)
     parser.add_argument("--workers", type=positive_int, default=1, help="compiling processes")
+    parser.add_argument("--gpu", choices=sorted(KNOWN_GPUS), default=H200.name, help="the card the re-tune runs on")
     args = parser.parse_args()
     tactics = sorted(retune_tactics(args.shape, args.batches, limit=args.candidates,
-                                    invariant_limit=args.invariant_candidates), key=str)
+                                    invariant_limit=args.invariant_candidates, gpu=KNOWN_GPUS[args.gpu]), key=str)
     print(f"{len(tactics)} kernels; tactic, registers, HGMMA, UTMALDG, spills, compile s")
     failed = 0
     with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:

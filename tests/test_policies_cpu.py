@@ -170,8 +170,8 @@ def test_table_round_trip_and_lookup(tmp_path, monkeypatch):
                                       output_dtype=torch.bfloat16)
     assert found[1] == SplitKTactic(64, 8, 2, 25) and sources == {1: "table", 16: "heuristic"}
     assert found[16] == default_tactic(2112, 7168, 16)
-    # Another GPU, dtype or shape never borrows this table.
-    other = GpuSpec("NVIDIA H100 80GB HBM3", 132, H200.smem_per_sm, 3.0e6)
+    # Another GPU (one with no shipped table), dtype or shape never borrows this table.
+    other = GpuSpec("NVIDIA H100 PCIe", 132, H200.smem_per_sm, 3.0e6)
     _, sources = resolve_policies(2112, 7168, [1], gpu=other, weight_dtype=torch.bfloat16, output_dtype=torch.bfloat16)
     assert sources == {1: "heuristic"}
     _, sources = resolve_policies(2112, 7168, [1], gpu=H200, weight_dtype=torch.bfloat16, output_dtype=torch.float32)
@@ -183,12 +183,12 @@ def test_table_round_trip_and_lookup(tmp_path, monkeypatch):
 
 
 def test_tables_of_your_own_replace_the_shipped_shapes_they_hold(tmp_path, monkeypatch):
-    h100 = GpuSpec("NVIDIA H100 80GB HBM3", 132, H200.smem_per_sm, 3.0e6)
+    untabled = GpuSpec("NVIDIA H100 PCIe", 132, H200.smem_per_sm, 3.0e6)
     mine, later = tmp_path / "mine.json", tmp_path / "later.json"
-    tables.write_table(mine, [entry(1, SplitKTactic(128, 8, 4, 13), gpu=h100.name),
+    tables.write_table(mine, [entry(1, SplitKTactic(128, 8, 4, 13), gpu=untabled.name),
                               entry(8, SplitKTactic(64, 8, 2, 25))],
                        dsl_version="4.8.1", measured="2026-12-05")
-    tables.write_table(later, [entry(1, SplitKTactic(64, 16, 2, 20), gpu=h100.name)], dsl_version="4.8.1",
+    tables.write_table(later, [entry(1, SplitKTactic(64, 16, 2, 20), gpu=untabled.name)], dsl_version="4.8.1",
                        measured="2026-12-05")
 
     def resolved(gpu, batches=(1, 8, 16)):
@@ -197,9 +197,9 @@ def test_tables_of_your_own_replace_the_shipped_shapes_they_hold(tmp_path, monke
 
     monkeypatch.delenv(tables.USER_TABLES, raising=False)
     assert resolved(H200)[1] == {1: "table", 8: "table", 16: "table"}  # the shipped H200 table
-    assert resolved(h100)[1] == {1: "heuristic", 8: "heuristic", 16: "heuristic"}
+    assert resolved(untabled)[1] == {1: "heuristic", 8: "heuristic", 16: "heuristic"}
     monkeypatch.setenv(tables.USER_TABLES, str(mine))
-    found, sources = resolved(h100, (1, 8))
+    found, sources = resolved(untabled, (1, 8))
     assert found[1] == SplitKTactic(128, 8, 4, 13) and sources == {1: "table", 8: "heuristic"}
     # The H200's 2112 x 7168 is replaced whole: a batch the shipped table held and this one lacks is the heuristic's.
     found, sources = resolved(H200)
@@ -207,13 +207,13 @@ def test_tables_of_your_own_replace_the_shipped_shapes_they_hold(tmp_path, monke
     assert resolve_policies(3584, 7168, [1], gpu=H200, weight_dtype=torch.bfloat16,
                             output_dtype=torch.bfloat16)[1] == {1: "table"}  # a shape it does not hold stays shipped
     monkeypatch.setenv(tables.USER_TABLES, os.pathsep.join(["", str(mine), str(later)]))
-    assert resolved(h100, (1,))[0] == {1: SplitKTactic(64, 16, 2, 20)}  # the later path wins
+    assert resolved(untabled, (1,))[0] == {1: SplitKTactic(64, 16, 2, 20)}  # the later path wins
     missing, not_a_table = tmp_path / "missing.json", tmp_path / "empty.json"
     not_a_table.write_text("{}")
     for unusable in (missing, not_a_table):
         monkeypatch.setenv(tables.USER_TABLES, str(unusable))
         with pytest.raises(ValueError, match=f"DECODE_PROJECTION_TABLES names {unusable}, which is not a usable"):
-            resolved(h100)
+            resolved(untabled)
 
 
 def test_batch_invariant_table_fixes_the_split_for_uncovered_batches(monkeypatch, tmp_path):

@@ -301,11 +301,15 @@ def test_time_tactics_parses_cells_and_flags():
 
 def test_compile_candidates_covers_the_incumbents_and_checks_the_sass():
     script = load_script("compile_candidates")
-    found = script.retune_tactics([(1536, 128)], [1], limit=2, invariant_limit=1)
-    # The shipped tactic of both tables for 1536 x 128 M=1 is among the candidates, compiled once.
     from decode_projection.policy.tables import shipped_tables
-    shipped = {batches[1] for key, batches in shipped_tables().items() if (key.n, key.k) == (1536, 128)}
-    assert shipped and shipped <= found
+    from decode_projection.runtime.gpu import KNOWN_GPUS
+
+    # On each card, the shipped tactic of both its tables for 1536 x 128 M=1 is among the candidates, compiled once.
+    for gpu in KNOWN_GPUS.values():
+        found = script.retune_tactics([(1536, 128)], [1], limit=2, invariant_limit=1, gpu=gpu)
+        shipped = {batches[1] for key, batches in shipped_tables().items()
+                   if (key.gpu, key.n, key.k) == (gpu.name, 1536, 128)}
+        assert shipped and shipped <= found, gpu.name
     tactic, registers, hgmma, utmaldg, spills, _, error = script.check(next(iter(shipped)))
     assert not error and registers > 0 and hgmma > 0 and utmaldg > 0 and spills == 0
 
