@@ -22,39 +22,45 @@ from decode_projection.tuning.candidates import (
     candidate_tactics, early_dependents_tactics, filling_tactics, with_k_boxes,
 )
 
+def early_start(*fields, **named) -> SplitKTactic:
+    """A tactic that lets the next launch in as it starts."""
+    return SplitKTactic(*fields, dependents_at_start=True, **named)
+
+
 # The heuristic's H200 choices at batches 1, 16, 64 and 256: one tile per SM where N / SMs rounds to 32-192 rows,
-# stages of up to 40 KB; at 256 two 128-row activation tiles sharing each weight tile where N / 66 rounds to 48-256
-# rows, else the fullest grid that fits in one wave.
+# stages of up to 40 KB, letting the next launch in as it starts (so do unsplit tiles alone on an SM); at 256 two
+# 128-row activation tiles sharing each weight tile where N / 66 rounds to 48-256 rows, else the fullest grid that
+# fits in one wave (sharing no loads where K is under a pipeline's worth), else one weight-as-B tile per SM.
 PINNED = [
     ((2112, 7168), SplitKTactic(128, 8, 4, 6, k_boxes=2), SplitKTactic(128, 16, 4, 6, k_boxes=2),
      SplitKTactic(128, 64, 4, 9), SplitKTactic(64, 128, 2, 9)),
     ((2304, 1536), SplitKTactic(128, 8, 4, 6, k_boxes=2), SplitKTactic(128, 16, 4, 6, k_boxes=2),
      SplitKTactic(128, 64, 4, 9), SplitKTactic(48, 128, 1, 10, multicast=2, weight_as_b=True)),
-    ((7168, 1536), SplitKTactic(56, 8, 1, 6, k_boxes=4), SplitKTactic(56, 16, 1, 5, k_boxes=4),
-     SplitKTactic(56, 64, 1, 7, k_boxes=2), SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True)),
+    ((7168, 1536), early_start(56, 8, 1, 6, k_boxes=4), early_start(56, 16, 1, 5, k_boxes=4),
+     early_start(56, 64, 1, 7, k_boxes=2), SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True)),
     ((1536, 7168), SplitKTactic(128, 8, 8, 6, k_boxes=2), SplitKTactic(128, 16, 8, 6, k_boxes=2),
      SplitKTactic(128, 64, 8, 9), SplitKTactic(64, 256, 4, 5)),
     ((3072, 7168), SplitKTactic(128, 8, 4, 6, k_boxes=2), SplitKTactic(128, 16, 4, 6, k_boxes=2),
      SplitKTactic(128, 64, 4, 9), SplitKTactic(48, 128, 1, 10, multicast=2, weight_as_b=True)),
-    ((7168, 768), SplitKTactic(56, 8, 1, 6, k_boxes=4), SplitKTactic(56, 16, 1, 5, k_boxes=4),
-     SplitKTactic(56, 64, 1, 7, k_boxes=2), SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True)),
-    ((6288, 7168), SplitKTactic(48, 8, 1, 6, k_boxes=4), SplitKTactic(48, 16, 1, 5, k_boxes=4),
-     SplitKTactic(48, 64, 1, 7, k_boxes=2), SplitKTactic(96, 128, 1, 8, multicast=2, weight_as_b=True)),
-    ((3584, 7168), SplitKTactic(32, 8, 1, 6, k_boxes=4), SplitKTactic(32, 16, 1, 5, k_boxes=4),
-     SplitKTactic(32, 64, 1, 7, k_boxes=2), SplitKTactic(64, 128, 1, 9, multicast=2, weight_as_b=True)),
-    ((7168, 3584), SplitKTactic(56, 8, 1, 6, k_boxes=4), SplitKTactic(56, 16, 1, 5, k_boxes=4),
-     SplitKTactic(56, 64, 1, 7, k_boxes=2), SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True)),
-    ((8448, 7168), SplitKTactic(64, 8, 1, 6, k_boxes=4), SplitKTactic(64, 16, 1, 5, k_boxes=4),
-     SplitKTactic(64, 64, 1, 7, k_boxes=2), SplitKTactic(128, 128, 1, 7, multicast=2, weight_as_b=True)),
-    ((7168, 4224), SplitKTactic(56, 8, 1, 6, k_boxes=4), SplitKTactic(56, 16, 1, 5, k_boxes=4),
-     SplitKTactic(56, 64, 1, 7, k_boxes=2), SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True)),
-    ((20480, 7168), SplitKTactic(160, 8, 1, 9), SplitKTactic(160, 16, 1, 8), SplitKTactic(160, 64, 1, 7),
-     SplitKTactic(128, 256, 1, 4, multicast=4)),
-    ((7168, 14336), SplitKTactic(56, 8, 1, 6, k_boxes=4), SplitKTactic(56, 16, 1, 5, k_boxes=4),
-     SplitKTactic(56, 64, 1, 7, k_boxes=2), SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True)),
-    ((1536, 128), SplitKTactic(64, 8, 1, 25), SplitKTactic(64, 16, 1, 22), SplitKTactic(64, 64, 1, 14),
-     SplitKTactic(64, 64, 1, 14, multicast=4)),
-    ((3072, 128), SplitKTactic(64, 8, 1, 25), SplitKTactic(64, 16, 1, 22), SplitKTactic(64, 64, 1, 14),
+    ((7168, 768), early_start(56, 8, 1, 6, k_boxes=4), early_start(56, 16, 1, 5, k_boxes=4),
+     early_start(56, 64, 1, 7, k_boxes=2), SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True)),
+    ((6288, 7168), early_start(48, 8, 1, 6, k_boxes=4), early_start(48, 16, 1, 5, k_boxes=4),
+     early_start(48, 64, 1, 7, k_boxes=2), SplitKTactic(96, 128, 1, 8, multicast=2, weight_as_b=True)),
+    ((3584, 7168), early_start(32, 8, 1, 6, k_boxes=4), early_start(32, 16, 1, 5, k_boxes=4),
+     early_start(32, 64, 1, 7, k_boxes=2), SplitKTactic(64, 128, 1, 9, multicast=2, weight_as_b=True)),
+    ((7168, 3584), early_start(56, 8, 1, 6, k_boxes=4), early_start(56, 16, 1, 5, k_boxes=4),
+     early_start(56, 64, 1, 7, k_boxes=2), SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True)),
+    ((8448, 7168), early_start(64, 8, 1, 6, k_boxes=4), early_start(64, 16, 1, 5, k_boxes=4),
+     early_start(64, 64, 1, 7, k_boxes=2), SplitKTactic(128, 128, 1, 7, multicast=2, weight_as_b=True)),
+    ((7168, 4224), early_start(56, 8, 1, 6, k_boxes=4), early_start(56, 16, 1, 5, k_boxes=4),
+     early_start(56, 64, 1, 7, k_boxes=2), SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True)),
+    ((20480, 7168), early_start(160, 8, 1, 9), early_start(160, 16, 1, 8), early_start(160, 64, 1, 7),
+     SplitKTactic(160, 256, 1, 4, weight_as_b=True)),
+    ((7168, 14336), early_start(56, 8, 1, 6, k_boxes=4), early_start(56, 16, 1, 5, k_boxes=4),
+     early_start(56, 64, 1, 7, k_boxes=2), SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True)),
+    ((1536, 128), early_start(64, 8, 1, 25), early_start(64, 16, 1, 22), early_start(64, 64, 1, 14),
+     SplitKTactic(64, 64, 1, 14)),
+    ((3072, 128), early_start(64, 8, 1, 25), early_start(64, 16, 1, 22), early_start(64, 64, 1, 14),
      SplitKTactic(48, 128, 1, 10, multicast=2, weight_as_b=True)),
 ]
 
@@ -77,7 +83,7 @@ def test_filling_tiles_put_one_unsplit_tile_on_each_sm():
             assert (tactic.split, tactic.weight_rows % 8, tactic.activation_rows) == (1, 0, activation_rows_for(batch))
             assert rows <= tactic.weight_rows < rows + 8 and grid_ctas(tactic, n, batch) <= H200.sm_count
             assert tactic.stage_bytes <= STREAMING_STAGE_BYTES or tactic.k_boxes == 1
-            assert tactic == default_tactic(n, 7168, batch)
+            assert default_tactic(n, 7168, batch) == replace(tactic, dependents_at_start=True)  # alone on its SM
             assert default_tactic(n, 7168, batch, batch_invariant=True).weight_rows in (64, 128)  # keeps its rule
     # Stages hold at most a third of K: 512 columns take 2 boxes a stage, not 4.
     assert filling_tactic(7168, 512, 1).k_boxes == 2 and filling_tactic(7168, 768, 1).k_boxes == 4
@@ -105,6 +111,38 @@ def test_one_wave_tiles_share_activation_loads_where_the_waves_stay():
     assert one_wave_tactic(1536, 7168, 256).split == 4 and one_wave_tactic(1536, 7168, 256).multicast == 1
 
 
+def test_one_wave_tiles_share_no_loads_where_k_is_under_a_pipelines_worth():
+    # 128 columns are 2 K tiles: a shared activation load saves less than the cluster costs.
+    for batch in (96, 128, 192):
+        assert one_wave_tactic(1536, 128, batch).multicast == 1
+        assert one_wave_tactic(1536, 128 * policies.MIN_K_TILES_PER_CTA, batch).multicast > 1
+
+
+def test_a_weight_too_tall_for_a_one_wave_grid_gets_one_weight_as_b_tile_per_sm():
+    # 20480 rows: 160 tiles of 128 rows, more than the SMs; 128 tiles of 160 rows as B fit, the batch in one tile.
+    for batch, acts in ((96, 128), (128, 128), (192, 192), (256, 256)):
+        tactic = one_wave_tactic(20480, 7168, batch)
+        assert (tactic.weight_rows, tactic.activation_rows, tactic.split, tactic.weight_as_b) == (160, acts, 1, True)
+        assert waves(tactic, 20480, batch) == 1 and grid_ctas(tactic, 20480, batch) == 128
+    # Two activation tiles would take a second wave: the fewest CTAs of 128-row tiles, as before.
+    assert not one_wave_tactic(20480, 7168, 300).weight_as_b
+
+
+def test_streaming_picks_alone_on_an_sm_let_the_next_launch_in_as_they_start():
+    for (n, k) in KIMI_K3_SHAPES:
+        for batch in DECODE_BATCHES:
+            for invariant in (False, True):
+                tactic = default_tactic(n, k, batch, batch_invariant=invariant)
+                streaming = activation_rows_for(batch) < COMPUTE_BOUND_ROWS
+                may = policies.may_start_dependents_early(replace(tactic, dependents_at_start=False))
+                assert tactic.dependents_at_start == (streaming and may), (n, k, batch)
+                if tactic.dependents_at_start:
+                    assert tactic.split == tactic.multicast == policies.ctas_per_sm(tactic) == 1
+    # The early start leaves the order K is summed in as it was.
+    assert default_tactic(7168, 1536, 8, batch_invariant=True).summation_order == \
+        default_tactic(7168, 1536, 1, batch_invariant=True).summation_order
+
+
 def test_pins_cover_the_workload():
     assert [shape for shape, *_ in PINNED] == list(KIMI_K3_SHAPES)
 
@@ -117,9 +155,12 @@ def test_every_pick_is_valid_and_covers_its_batch(shape):
         if activation_rows_for(batch) < COMPUTE_BOUND_ROWS:
             assert tactic.activation_rows >= batch
         else:  # compute-bound batches may tile the activations to fill one wave
-            assert tactic.activation_rows in activation_tile_choices(batch)
             ctas = math.ceil(shape[0] / tactic.weight_rows) * tactic.split * math.ceil(batch / tactic.activation_rows)
-            smallest_grid = tactic.weight_rows == 128 and tactic.split == 1  # when no grid fits one wave
+            if tactic.weight_as_b and tactic.multicast == 1:  # one tile per SM where no grid fits one wave
+                assert tactic.activation_rows >= batch and ctas <= H200.sm_count
+                continue
+            assert tactic.activation_rows in activation_tile_choices(batch)
+            smallest_grid = tactic.weight_rows == 128 and tactic.split == 1  # when nothing fits one wave
             assert ctas <= H200.sm_count or smallest_grid
 
 
@@ -134,7 +175,9 @@ def test_candidates_start_with_the_pick_and_are_valid():
     for (n, k) in KIMI_K3_SHAPES:
         for batch in (1, 32, 256):
             found = candidate_tactics(n, k, batch, limit=5)
-            assert found[0] == default_tactic(n, k, batch)
+            # A pick that lets the next launch in early is listed late and timed as its early twin.
+            assert found[0] == replace(default_tactic(n, k, batch), dependents_at_start=False)
+            assert default_tactic(n, k, batch) in found + early_dependents_tactics(found)
             assert len(found) == len(set(found)) and 1 <= len(found) <= 5
             assert all(t.valid for t in found)
             pinned = candidate_tactics(n, k, batch, limit=4, order=(2, 1))

@@ -7,17 +7,20 @@ Measured on an H200 (docs/streaming.md): the deepest pipeline that fits wins.
 A weight tall enough gets one unsplit tile per SM, each as wide as the SMs
 leave it; for a shorter one about 0.4 CTAs per SM already saturate HBM when
 each keeps ~200 KB in flight, and past that, extra split only adds reduction
-work. Compute-bound batches (activation tiles of 96 or more) want the fullest
+work. A streaming CTA with an SM to itself lets the next launch in as it
+starts. Compute-bound batches (activation tiles of 96 or more) want the fullest
 grid that fits in one wave, neighbouring weight tiles sharing each activation
-load. The rules and their evidence: docs/tactics-and-heuristic.md.
+load where K is long enough to share; a weight too tall for any such grid gets
+one tile per SM with the weight as B. The rules and their evidence:
+docs/tactics-and-heuristic.md.
 """
 
 import math
 from dataclasses import replace
 
 from ..kernel.tactic import (
-    ACTIVATION_ROWS, BOX_K, K_BOXES, WEIGHT_ROWS, WEIGHT_ROWS_AS_B, SplitKTactic, as_tactic, max_stages,
-    resident_ctas,
+    ACTIVATION_ROWS, ACTIVATION_ROWS_AS_A, BOX_K, K_BOXES, WEIGHT_ROWS, WEIGHT_ROWS_AS_B, SplitKTactic, as_tactic,
+    max_stages, resident_ctas,
 )
 from ..runtime.gpu import H200, GpuSpec
 from ..runtime.sm90 import WGMMA_ROWS
@@ -71,7 +74,7 @@ def default_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, batch_inv
         return shared_weight_tactic(n, k, batch, gpu) or one_wave_tactic(n, k, batch, gpu)
     filling = None if batch_invariant else filling_tactic(n, k, batch, gpu)
     if filling is not None:
-        return filling
+        return starting_dependents_early(filling, gpu)
     # Streaming batches of shorter weights, and batch-invariant tables at every batch (they keep batch 1's split).
     target = math.ceil(STREAMING_CTA_FRACTION * gpu.sm_count)
     most = largest_split(k, gpu)
@@ -82,7 +85,25 @@ def default_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, batch_inv
     # Wide stages took these picks from 1.09x the best timed tactic to 1.06x (H200 tune timings, 2026-12-05: 32 of
     # 32 changed cells faster); under batch invariance they would sum in an order that depends on the batch.
     boxes = 1 if batch_invariant else streaming_boxes(rows, acts, split, k)
-    return as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split, boxes), k_boxes=boxes))
+    tactic = as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split, boxes), k_boxes=boxes))
+    return starting_dependents_early(tactic, gpu)
+
+
+def may_start_dependents_early(tactic: SplitKTactic, gpu: GpuSpec = H200) -> bool:
+    """Whether ``tactic`` may let the next launch in as it starts: unclustered, the weight as A, a streaming
+    activation tile and one CTA per SM, so that the next launch's CTAs take each SM only as ours leaves it (where
+    two CTAs share an SM, the next launch's stream against ours: docs/programmatic-launch.md)."""
+    return (tactic.split * tactic.multicast == 1 and not tactic.weight_as_b
+            and tactic.activation_rows < COMPUTE_BOUND_ROWS and ctas_per_sm(tactic, gpu) == 1)
+
+
+def starting_dependents_early(tactic: SplitKTactic, gpu: GpuSpec = H200) -> SplitKTactic:
+    """``tactic`` letting the next launch in as it starts, where it may (``may_start_dependents_early``)."""
+    # In the tune timings (the geometric mean over launch contexts, as the tuner ranks) the early twin of such a
+    # streaming pick ran faster in 110 of 110 H100 cells (2026-12-06: 1.033x the best timed tactic -> 1.008x) and
+    # 84 of 85 H200 cells (2026-12-04/05), the early twins of batch-invariant picks faster on average too
+    # (docs/measurements/2026-12-06-heuristic-rules-h100.txt). It does not change the order K is summed in.
+    return replace(tactic, dependents_at_start=True) if may_start_dependents_early(tactic, gpu) else tactic
 
 
 def streaming_boxes(rows: int, acts: int, split: int, k: int) -> int:
@@ -146,7 +167,10 @@ def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTa
     one_wave = [o for t, o in zip(grids, options) if waves(t, n, batch, gpu) == 1]
     if one_wave:
         _, acts, split, rows = max(one_wave, key=lambda o: (o[0], o[1], -o[2], o[3] <= n, o[3]))
-    else:  # no grid fits: the fewest CTAs, with the same preferences
+    else:  # no grid fits: one weight-as-B tile per SM, else the fewest CTAs, with the same preferences
+        tall = tile_per_sm_as_b(n, batch, gpu)
+        if tall is not None:
+            return tall
         _, acts, split, rows = min(options, key=lambda o: (o[0], -o[1], o[2], -o[3]))
     tactic = as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split)))
     # Neighbouring weight tiles share each activation load (TMA multicast) where that keeps a grid that runs to
@@ -154,14 +178,35 @@ def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTa
     # pick from 1.14x the best timed tactic to 1.09x (40 of 52 cells faster in one tune, three more alike;
     # docs/measurements/2026-12-05-heuristic-regret.txt), and with splits of 4 the clusters of 8 lost
     # (1536 x 7168, in two tunes).
+    # A shared load saves each K tile's activation reads from L2; with fewer K tiles than a pipeline's worth the
+    # cluster costs more than that: 1536 x 128 and 3072 x 128 at M = 96-256 ran 1.08-1.09x the best timed tactic
+    # shared, 1.05-1.06x unshared (14 of 14 cells faster; tune timings, H100 2026-12-06 and H200 2026-12-04).
     unshared_waves = waves(tactic, n, batch, gpu)
-    if tactic.split > MOST_SHARING_SPLIT or not math.isfinite(unshared_waves):
+    if (tactic.split > MOST_SHARING_SPLIT or not math.isfinite(unshared_waves)
+            or math.ceil(k / BOX_K) < MIN_K_TILES_PER_CTA):
         return tactic
     for sharers in ACTIVATION_SHARERS:
         shared = replace(tactic, multicast=sharers)
         if shared.valid and waves(shared, n, batch, gpu) == unshared_waves:
             return shared
     return tactic
+
+
+def tile_per_sm_as_b(n: int, batch: int, gpu: GpuSpec = H200) -> SplitKTactic | None:
+    """For compute-bound batches of a weight too tall for a one-wave grid of HEURISTIC_WEIGHT_ROWS tiles: one
+    unsplit tile per SM with the weight as B, the batch in one activation tile, else None."""
+    # As the filling tiles stream: in the tune timings 20480 x 7168 at M = 96-256 ran (160, 128-256, B) 1.00-1.02x
+    # the best timed tactic where the fewest CTAs of 128-row tiles ran 1.09-1.46x (6 of 6 cells faster where
+    # timed, H100 2026-12-06 and H200 2026-12-04; the H200 table's tune of 2026-12-05 chose the same tiles).
+    # A multiple of 16 rows: halves of it are wgmma's N where registers are reallocated.
+    if gpu.sm_count < 1:
+        return None
+    acts = next((rows for rows in ACTIVATION_ROWS_AS_A if rows >= batch), ACTIVATION_ROWS_AS_A[-1])
+    rows = covering_rows(n, gpu.sm_count, multiple=16)
+    if rows not in WEIGHT_ROWS_AS_B:
+        return None
+    tactic = SplitKTactic(rows, acts, 1, max_stages(rows, acts, 1, weight_as_b=True), weight_as_b=True)
+    return as_tactic(tactic) if tactic.valid and waves(tactic, n, batch, gpu) == 1 else None
 
 
 def pinned_tactic(n: int, k: int, batch: int, order, gpu: GpuSpec = H200) -> SplitKTactic:

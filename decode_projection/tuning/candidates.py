@@ -6,9 +6,9 @@ what the model cannot tell apart and only timing can. ``candidate_tactics``
 fills its list in this order and drops what passes its limit (at compute-bound
 batches the reserved slots alone exceed 8: the H200 tables were tuned with 12 to 16):
 
-1. The heuristic's pick, the cost model's best of each (weight rows, activation
-   rows, split) family, then its best overall: every slot the groups below do
-   not reserve.
+1. The heuristic's pick (letting the next launch in late), the cost model's best
+   of each (weight rows, activation rows, split) family, then its best overall:
+   every slot the groups below do not reserve.
 2. WIDE_STAGE_CANDIDATES 2- and 4-box variants of the first two, unless an order
    pins the split and K boxes.
 3. SHARED_LOAD_CANDIDATES: the first with its activation tile multicast to 2 and 4
@@ -45,7 +45,7 @@ from ..kernel.tactic import (
 from ..policy.policies import (
     COMPUTE_BOUND_ROWS, HEURISTIC_WEIGHT_ROWS, MIN_STAGES, MOST_CTAS_PER_SM,
     activation_rows_for, activation_tile_choices, covering_rows, ctas_per_sm, default_tactic, largest_split,
-    predicted_time_us, waves,
+    may_start_dependents_early, predicted_time_us, waves,
 )
 from ..runtime.gpu import H200, GpuSpec
 from ..runtime.sm90 import PORTABLE_CLUSTER, RESERVED_SMEM_PER_CTA, WGMMA_ROWS
@@ -260,7 +260,9 @@ def fills_every_rank(tactic: SplitKTactic, k: int) -> bool:
 
 def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     """Up to ``limit`` valid tactics for one cell, the groups of the module docstring in their order."""
-    pick = default_tactic(n, k, batch, gpu, order=order)
+    # A streaming pick that lets the next launch in early is listed late: its early twin comes first among the
+    # tuner's (early_dependents_tactics), so both ways are timed, as for every other candidate.
+    pick = replace(default_tactic(n, k, batch, gpu, order=order), dependents_at_start=False)
     # Ties go to the deeper pipeline: they arise where every CTA has an SM to
     # itself, and there the deepest pipeline was faster in 60% of the timed pairs.
     ranked = sorted(pool_tactics(k, batch, gpu, order=order) - {pick},
@@ -306,7 +308,5 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
 def early_dependents_tactics(tactics, gpu: GpuSpec = H200) -> list[SplitKTactic]:
     """The first EARLY_DEPENDENTS_CANDIDATES of ``tactics`` that may let the next launch in as they start
     (unclustered, one CTA per SM, weight as A, streaming activation tiles), doing so."""
-    eligible = [replace(t, dependents_at_start=True) for t in tactics
-                if t.split * t.multicast == 1 and not t.weight_as_b and t.activation_rows < COMPUTE_BOUND_ROWS
-                and ctas_per_sm(t, gpu) == 1]
+    eligible = [replace(t, dependents_at_start=True) for t in tactics if may_start_dependents_early(t, gpu)]
     return list(dict.fromkeys(t for t in eligible if t not in tactics))[:EARLY_DEPENDENTS_CANDIDATES]
