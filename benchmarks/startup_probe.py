@@ -13,6 +13,7 @@ on a Hopper GPU, what the projection pays there and why:
 3. ``times``: the projection, the read ceiling and torch.matmul in the three launch contexts.
 
     python benchmarks/startup_probe.py --json startup.json
+    python benchmarks/startup_probe.py --parts timeline,times --shape 1536x128 --shape 7168x768 --batches 1,32,64
 
 Every stamp is relative to the end of the previous kernel's last CTA (the glue's), in microseconds, as
 medians over replays of a CUDA graph of repeated pairs rotating through weight copies worth over 3x the L2 (the
@@ -28,6 +29,7 @@ import cutlass.cute as cute
 import torch
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
+from decode_projection.cli_args import batch_list, shape
 from decode_projection.kernel.splitk import SplitKGemm
 from decode_projection.measure.ceiling import stream_read
 from decode_projection.measure.timing import cold_copies, foreign_kernel, interleaved_time_us
@@ -40,7 +42,7 @@ EVENTS = ("glue_end", "entry", "first_weight_tma", "producer_waited", "consumer_
           "glue_start")
 SLOTS = 4096  # CTAs stamped per event
 GLUE_ELEMENTS = 4096  # what the benchmark's glue kernel touches (timing.foreign_kernel)
-SHAPES = ((7168, 768), (7168, 1536), (2112, 7168), (20480, 7168))
+SHAPES = ((7168, 768), (7168, 1536), (2112, 7168), (20480, 7168))  # times; the timeline stamps the first three
 BATCHES = (1, 64)
 
 
@@ -247,15 +249,15 @@ def fmt(triple):
     return "-" if triple is None else " ".join(f"{v:6.2f}" for v in triple)
 
 
-def timelines(stamps, plain_glue, pdl_glue):
+def timelines(stamps, plain_glue, pdl_glue, shapes=SHAPES[:3], batches=BATCHES):
     """The projection's stamped timeline per shape, batch, launch flag and previous kernel."""
     device = stamps.device
     results = {}
-    for n, k in SHAPES[:3]:
+    for n, k in shapes:
         weights = [torch.randn(n, k, device=device).to(torch.bfloat16) for _ in range(cold_copies(n * k * 2, device))]
-        policies, _ = resolve_policies(n, k, BATCHES, gpu=gpu_spec(device), weight_dtype=torch.bfloat16,
+        policies, _ = resolve_policies(n, k, batches, gpu=gpu_spec(device), weight_dtype=torch.bfloat16,
                                        output_dtype=torch.bfloat16)
-        for batch in BATCHES:
+        for batch in batches:
             tactic = policies[batch]
             x = torch.randn(batch, k, device=device).to(torch.bfloat16)
             out = torch.empty(batch, n, device=device, dtype=torch.bfloat16)
@@ -310,14 +312,14 @@ def glue_durations(stamps, plain_glue):
     return results
 
 
-def context_times(plain_glue_torch):
+def context_times(plain_glue_torch, shapes=SHAPES, batches=BATCHES):
     """Projection (PDL and plain), read ceiling and torch.matmul per shape and batch, chain and after glue."""
     device = torch.device("cuda")
     results = {}
-    for n, k in SHAPES:
+    for n, k in shapes:
         copies = cold_copies(n * k * 2, device)
         weights = [torch.randn(n, k, device=device).to(torch.bfloat16) for _ in range(copies)]
-        for batch in BATCHES:
+        for batch in batches:
             x = torch.randn(batch, k, device=device).to(torch.bfloat16)
             outs = [torch.empty(batch, n, device=device, dtype=torch.bfloat16) for _ in range(copies)]
             launches = {"ceiling": lambda i: stream_read(weights[i]),
@@ -340,6 +342,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write every result here")
     parser.add_argument("--parts", default="launch,glue,timeline,times")
+    parser.add_argument("--shape", type=shape, action="append",
+                        help="NxK (repeatable) for the timeline and the times (default: the first three of SHAPES "
+                             "for the timeline, all four for the times)")
+    parser.add_argument("--batches", type=batch_list, default=list(BATCHES), help="padded batches, comma-separated")
     args = parser.parse_args()
     device = torch.device("cuda")
     print(torch.cuda.get_device_name(device), flush=True)
@@ -359,9 +365,9 @@ def main():
     if "glue" in parts:
         results["glue"] = glue_durations(stamps, plain_glue)
     if "timeline" in parts:
-        results["timeline"] = timelines(stamps, plain_glue, pdl_glue)
+        results["timeline"] = timelines(stamps, plain_glue, pdl_glue, args.shape or SHAPES[:3], args.batches)
     if "times" in parts:
-        results["times"] = context_times(foreign_kernel(device))
+        results["times"] = context_times(foreign_kernel(device), args.shape or SHAPES, args.batches)
     if args.json:
         with open(args.json, "w") as file:
             json.dump(results, file, indent=1)
