@@ -1,9 +1,10 @@
 """How far the heuristic's picks run behind the best tactic a tune timed, per timings file (``tune --timings``).
 
-For each cell (shape, batch) of a file, the heuristic's tactic on the card the file was timed on (``--gpu``) is looked up among the timed ones and its
-time (the geometric mean over the launch contexts timed, as the tuner ranks) divided by the best; printed is the geometric
-mean of that ratio at streaming (M <= 64) and compute-bound batches, and how many cells timed no such tactic. The
-heuristic is what every shape or batch without a tuned table gets, on any GPU.
+For each cell (shape, batch) of a file, the heuristic's tactic on the card the file was timed on (``--gpu``) is
+looked up among the timed ones and its time (the geometric mean over the launch contexts timed, as the tuner ranks)
+divided by the best; printed is the geometric mean of that ratio at streaming (M <= 64) and compute-bound batches,
+and how many cells timed no such tactic. The heuristic is what every shape or batch without a tuned table gets, on
+any GPU.
 
     python scripts/heuristic_regret.py docs/measurements/*tune-timings*.json.gz [--cells] [--gpu "NVIDIA H100 80GB HBM3"]
 """

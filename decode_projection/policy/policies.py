@@ -183,7 +183,7 @@ def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTa
     # shared, 1.05-1.06x unshared (14 of 14 cells faster; tune timings, H100 2026-12-06 and H200 2026-12-04).
     unshared_waves = waves(tactic, n, batch, gpu)
     if (tactic.split > MOST_SHARING_SPLIT or not math.isfinite(unshared_waves)
-            or math.ceil(k / BOX_K) < MIN_K_TILES_PER_CTA):
+            or tactic.k_tiles(k) < MIN_K_TILES_PER_CTA):
         return tactic
     for sharers in ACTIVATION_SHARERS:
         shared = replace(tactic, multicast=sharers)
