@@ -52,13 +52,15 @@ def registered_layer(handle: int) -> "ProjectionLinear":
 
 
 @torch.library.custom_op("decode_projection::project", mutates_args=())
-def project(x: torch.Tensor, weight: torch.Tensor, handle: int, out_dtype: torch.dtype) -> torch.Tensor:
-    """``x @ weight^T`` through the prepared projection ``handle``, else ``F.linear``."""
+def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, handle: int,
+            out_dtype: torch.dtype) -> torch.Tensor:
+    """``x @ weight^T + bias`` through the prepared projection ``handle`` (its epilogue adds the bias), else
+    ``F.linear``."""
     layer = registered_layer(handle)
     rows = x.reshape(-1, x.shape[-1])
     prepared = layer.prepared
-    if prepared is not None and not prepared.is_prepared_for(weight):
-        # The weight was replaced behind the module's back (``layer.weight.data = ...``).
+    if prepared is not None and not prepared.is_prepared_for(weight, bias):
+        # The weight or bias was replaced behind the module's back (``layer.weight.data = ...``).
         if torch.cuda.is_current_stream_capturing():
             raise ValueError("ProjectionLinear's weight changed since it was prepared; call prepare() before capturing")
         layer.prepare()
@@ -70,7 +72,7 @@ def project(x: torch.Tensor, weight: torch.Tensor, handle: int, out_dtype: torch
         else:
             layer.fall_back("batch without a tactic",
                             lambda: f"batch {rows.shape[0]} has no tactic (prepared batches {sorted(held)})")
-        return F.linear(x, weight).to(out_dtype)
+        return F.linear(x, weight, bias).to(out_dtype)
     if not layer._launched:  # nn.Module attribute stores are slow: once per projection
         layer._launched = True
     pitch = rows.stride(0) * rows.element_size()
@@ -100,13 +102,8 @@ def run_in_held_batches(prepared, rows, out):
 
 
 @project.register_fake
-def _(x, weight, handle, out_dtype):
+def _(x, weight, bias, handle, out_dtype):
     return x.new_empty(*x.shape[:-1], weight.shape[0], dtype=out_dtype)
-
-
-def default_output_dtype(weight_dtype: torch.dtype) -> torch.dtype:
-    """FP32 for an FP16 weight (the kernel writes BF16 or FP32), else the weight's own dtype."""
-    return torch.float32 if weight_dtype == torch.float16 else weight_dtype
 
 
 def check_arguments(weight, bias, batches, output_dtype, batch_invariant, programmatic_launch):
@@ -132,10 +129,11 @@ def check_arguments(weight, bias, batches, output_dtype, batch_invariant, progra
 class ProjectionLinear(nn.Module):
     """``y = x @ W^T (+ b)`` with the split-K decode kernel for the prepared padded batches.
 
-    The output is BF16 for BF16 weights and FP32 for FP16 weights (the kernel
-    writes BF16 or FP32; other weights give their own dtype, as ``nn.Linear`` does,
-    also after a cast such as ``.half()`` or ``.float()``) unless ``output_dtype`` says otherwise; a bias is added
-    to the rounded output. On a GPU other than Hopper, or with a weight the kernel
+    The output has the weight's dtype, as ``nn.Linear``'s does (also after a cast
+    such as ``.half()`` or ``.float()``), unless ``output_dtype`` says otherwise; the
+    kernel's epilogue adds the bias in FP32 before its one rounding. Under a
+    row-parallel tensor split the output is a partial sum: give the bias to one
+    rank only. On a GPU other than Hopper, or with a weight the kernel
     cannot take (``check_weight``), the layer is plain ``F.linear`` (``unsupported``
     says why). A fallback computes as ``F.linear`` in the weight's dtype, then
     casts, as the ``nn.Linear`` it replaces would. ``programmatic_launch=False``
@@ -161,7 +159,7 @@ class ProjectionLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         self.batches = tuple(batches)
         self.requested_output_dtype = output_dtype  # None: the weight's default, whatever dtype it is cast to
-        self.output_dtype = output_dtype or default_output_dtype(weight.dtype)
+        self.output_dtype = output_dtype or weight.dtype
         self.batch_invariant = batch_invariant
         self.programmatic_launch = programmatic_launch
         self.fallbacks = Counter()
@@ -217,15 +215,17 @@ class ProjectionLinear(nn.Module):
         # every layer quietly computing with F.linear would hide it.
         policies, _ = policies_for(weight, self.batches, output_dtype=self.output_dtype,
                                    batch_invariant=self.batch_invariant)
+        bias = None if self.bias is None else self.bias.data
         current = self.prepared
         try:
             if current is not None and current._layout(weight) == current._layout(current.weight):
-                current.weight, current.policies = weight, policies
+                current.weight, current.policies, current.bias = weight, policies, bias
                 current.output_dtype, current.programmatic_launch = self.output_dtype, self.programmatic_launch
                 current.prepare()
             else:
                 self._replace_projection(PreparedProjection(weight, policies, output_dtype=self.output_dtype,
-                                                            programmatic_launch=self.programmatic_launch).prepare())
+                                                            programmatic_launch=self.programmatic_launch,
+                                                            bias=bias).prepare())
         except ValueError as error:
             # Also refuses a second GPU in one process (projection._claim_device): that layer falls back.
             self._replace_projection(None)
@@ -262,13 +262,13 @@ class ProjectionLinear(nn.Module):
         dtype = self.weight.dtype
         result = super()._apply(fn, *args, **kwargs)
         if self.weight.dtype != dtype and self.requested_output_dtype is None:
-            self.output_dtype = default_output_dtype(self.weight.dtype)
+            self.output_dtype = self.weight.dtype
         self.prepare()
         return result
 
     def __setattr__(self, name, value):
         super().__setattr__(name, value)
-        if name == "weight" and "prepared" in self.__dict__:
+        if name in ("weight", "bias") and "prepared" in self.__dict__:
             self.prepare()
 
     def forward(self, x):
@@ -279,8 +279,7 @@ class ProjectionLinear(nn.Module):
                 f"weight {weight.dtype} on {weight.device}, input {x.dtype} on {x.device}; the kernel takes BF16/FP16 "
                 "on a Hopper GPU, the input as the weight"))
             return F.linear(x, self.weight, self.bias).to(self.output_dtype)
-        out = project(x, self.weight, self.handle, self.output_dtype)
-        return out if self.bias is None else out + self.bias
+        return project(x, self.weight, self.bias, self.handle, self.output_dtype)
 
     def extra_repr(self):
         """Shape, prepared batches and bias, for ``repr``."""

@@ -35,13 +35,26 @@ from .runtime.gpu import gpu_spec
 logger = logging.getLogger(__name__)
 
 WEIGHT_DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
-OUTPUT_DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float32: cutlass.Float32}
+OUTPUT_DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16, torch.float32: cutlass.Float32}
+BIAS_DTYPES = OUTPUT_DTYPES
 TMA_ALIGN = 16  # bytes: TMA base address and row pitch granularity
 MOST_GRID_ROWS = 65535  # CUDA's limit on a grid's y dimension
 MOST_GRID_COLUMNS = 2**31 - 1  # and on its x dimension
 
 
-def compile_projection(tactic, output_dtype, arch, weight_dtype=torch.bfloat16, programmatic_launch=True):
+class Epilogue(NamedTuple):
+    """What a kernel adds to ``x @ weight^T`` in FP32 before its one rounding: a residual laid out as the output
+    (``run(x, out, residual=r)``) and a bias of one value per weight row of ``bias_dtype`` (None: no bias)."""
+
+    residual: bool = False
+    bias_dtype: torch.dtype | None = None
+
+
+NO_EPILOGUE = Epilogue()
+
+
+def compile_projection(tactic, output_dtype, arch, weight_dtype=torch.bfloat16, programmatic_launch=True,
+                       epilogue=NO_EPILOGUE):
     """Code-only cache; weights, descriptors and activation pointers stay private.
 
     Backed by the persistent cache of ``disk_cache``, so a restart loads instead of compiling.
@@ -50,7 +63,16 @@ def compile_projection(tactic, output_dtype, arch, weight_dtype=torch.bfloat16, 
     if weight_dtype not in WEIGHT_DTYPES:
         raise ValueError(f"projection weight dtype must be one of {list(WEIGHT_DTYPES)}, got {weight_dtype}")
     check_launch_options(output_dtype, programmatic_launch)
-    return _compile(as_tactic(tactic), output_dtype, arch, weight_dtype, programmatic_launch)
+    check_epilogue(epilogue)
+    return _compile(as_tactic(tactic), output_dtype, arch, weight_dtype, programmatic_launch, epilogue)
+
+
+def check_epilogue(epilogue):
+    """Raise a TypeError/ValueError unless ``epilogue`` is an Epilogue the kernel can add."""
+    if not isinstance(epilogue, Epilogue) or not isinstance(epilogue.residual, bool):
+        raise TypeError(f"epilogue must be an Epilogue(residual: bool, bias_dtype), got {epilogue!r}")
+    if epilogue.bias_dtype is not None and epilogue.bias_dtype not in BIAS_DTYPES:
+        raise ValueError(f"projection bias dtype must be one of {list(BIAS_DTYPES)}, got {epilogue.bias_dtype}")
 
 
 def check_launch_options(output_dtype, programmatic_launch):
@@ -61,8 +83,9 @@ def check_launch_options(output_dtype, programmatic_launch):
         raise TypeError(f"programmatic_launch must be a bool, got {programmatic_launch!r}")
 
 
-def kernel_arguments(weight_dtype, output_dtype) -> tuple:
-    """The symbolic arguments every projection kernel is compiled for: weight, activations, output, map, stream."""
+def kernel_arguments(weight_dtype, output_dtype, epilogue=NO_EPILOGUE) -> tuple:
+    """The symbolic arguments every projection kernel is compiled for: weight, activations, output, map, stream,
+    and with an epilogue the residual (laid out as the output, None without one) and the bias vector (or None)."""
     operand = WEIGHT_DTYPES[weight_dtype]
 
     def fake(dtype, *, output):
@@ -75,26 +98,38 @@ def kernel_arguments(weight_dtype, output_dtype) -> tuple:
         align = dtype.width // 8 if output else TMA_ALIGN
         return make_fake_tensor(dtype, shape, stride, assumed_align=align)
 
-    return (
+    arguments = (
         fake(operand, output=False),
         fake(operand, output=False),
         fake(OUTPUT_DTYPES[output_dtype], output=True),
         cutlass.Int64(0),
         make_fake_stream(),
     )
+    if epilogue == NO_EPILOGUE:
+        return arguments
+    residual = fake(OUTPUT_DTYPES[output_dtype], output=True) if epilogue.residual else None
+    bias = None
+    if epilogue.bias_dtype is not None:
+        dtype = BIAS_DTYPES[epilogue.bias_dtype]
+        bias = make_fake_tensor(dtype, (cute.sym_int(),), (1,), assumed_align=dtype.width // 8)
+    return (*arguments, residual, bias)
 
 
 @cache
-def _compile(tactic, output_dtype, arch, weight_dtype, programmatic_launch):
+def _compile(tactic, output_dtype, arch, weight_dtype, programmatic_launch, epilogue=NO_EPILOGUE):
     """compile_projection on normalized arguments (a tuple and its SplitKTactic share one entry)."""
 
     def build():
-        logger.debug("compiling %s for %s: %s weights, %s output", tactic, arch, weight_dtype, output_dtype)
-        return cute.compile(SplitKGemm(tactic, programmatic_launch), *kernel_arguments(weight_dtype, output_dtype),
-                            options=f"--gpu-arch={arch}")
+        logger.debug("compiling %s for %s: %s weights, %s output, %s", tactic, arch, weight_dtype, output_dtype,
+                     epilogue)
+        return cute.compile(SplitKGemm(tactic, programmatic_launch),
+                            *kernel_arguments(weight_dtype, output_dtype, epilogue), options=f"--gpu-arch={arch}")
 
+    # Without an epilogue the key is what it always was: caches filled before epilogues existed still load.
+    epilogue_key = () if epilogue == NO_EPILOGUE else (str(epilogue),)
     with compile_lock:
-        return cached_compile(build, tactic, str(output_dtype), str(weight_dtype), arch, programmatic_launch)
+        return cached_compile(build, tactic, str(output_dtype), str(weight_dtype), arch, programmatic_launch,
+                              *epilogue_key)
 
 
 # The in-memory cache, inspectable and clearable through the public function.
@@ -187,6 +222,58 @@ def check_weight(weight):
         raise ValueError(f"projection weight needs K % 8 == 0 and N, K < 2^31, got {describe(weight)}")
 
 
+def check_bias(bias, weight):
+    """Raise a TypeError/ValueError unless ``bias`` is None or an ``[N]`` vector the kernel can read for ``weight``."""
+    if bias is None:
+        return
+    if not isinstance(bias, torch.Tensor):
+        raise TypeError(f"projection bias must be a torch.Tensor or None, got {type(bias)}")
+    if bias.dim() != 1 or bias.shape[0] != weight.shape[0] or bias.dtype not in BIAS_DTYPES:
+        raise ValueError(f"projection bias must be a [{weight.shape[0]}] vector of {list(BIAS_DTYPES)}, "
+                         f"got {describe(bias)}")
+    if bias.device != weight.device:
+        raise ValueError(f"projection bias is on {bias.device}, the weight on {weight.device}")
+    if bias.stride(0) != 1 and bias.shape[0] > 1:
+        raise ValueError(f"projection bias needs unit stride, got {describe(bias)}")
+    if bias.is_neg() or bias.is_conj():
+        raise ValueError("projection bias is a lazily negated view; resolve it first (tensor.resolve_neg())")
+
+
+def check_residual(residual, out, x, weight):
+    """Raise a TypeError/ValueError unless the kernel can read ``residual`` while it writes ``out``: ``out``'s shape
+    and dtype, unit stride along N, and either ``out`` itself (the same elements) or apart from it, from ``x`` and
+    from the weight."""
+    if not isinstance(residual, torch.Tensor):
+        raise TypeError(f"projection residual must be a torch.Tensor, got {type(residual)}")
+    if residual.shape != out.shape or residual.dtype != out.dtype:
+        raise ValueError(f"projection residual must be shaped and typed as the output {describe(out)}, "
+                         f"got {describe(residual)}")
+    if residual.device != out.device:
+        raise ValueError(f"projection residual is on {residual.device}, the output on {out.device}")
+    if residual.stride(1) != 1 and residual.shape[1] > 1:
+        raise ValueError(f"projection residual rows need unit stride, got {describe(residual)}")
+    if residual.shape[0] > 1 and residual.stride(0) < residual.shape[1]:
+        raise ValueError(f"projection residual rows overlap: {describe(residual)}")
+    if residual.is_neg():
+        raise ValueError("projection residual is a negated view; resolve it first (tensor.resolve_neg())")
+    if residual.requires_grad and torch.is_grad_enabled():
+        raise ValueError("projection residual requires grad, and autograd does not flow through run(): detach it "
+                         "or run under torch.no_grad()")
+    # Each output is read and written by one thread: in place is safe, any other overlap with out is a race.
+    same = residual.data_ptr() == out.data_ptr() and (residual.stride(0) == out.stride(0) or out.shape[0] == 1)
+    if not same and overlaps(residual, out):
+        raise ValueError("projection residual overlaps the output without being it (in place, pass out itself)")
+    if overlaps(residual, x) or overlaps(residual, weight):
+        raise ValueError("projection residual overlaps its input or weight")
+
+
+def vector_view(vector):
+    """A 1-D tensor as the kernel takes it (the bias), outside autograd."""
+    vector = vector.detach()
+    result = to_cute(vector.as_strided((vector.shape[0],), (1,)), assumed_align=vector.element_size())
+    return result.mark_layout_dynamic(leading_dim=0)
+
+
 def is_batch(batch) -> bool:
     """Whether ``batch`` can be a padded batch of a policy: a positive int (a bool is not one)."""
     return isinstance(batch, int) and not isinstance(batch, bool) and batch >= 1
@@ -240,6 +327,9 @@ class _Launchable(NamedTuple):
     extra: dict  # batch -> the kernel's extra arguments: the device address of the weight's map
     output_dtype: torch.dtype
     device: torch.device
+    epilogue: Epilogue
+    bias: torch.Tensor | None
+    bias_view: object  # the bias as the kernel takes it (None without one)
 
 
 class PreparedProjection:
@@ -271,10 +361,22 @@ class PreparedProjection:
     ``run`` and ``prepare`` may be called from several threads: a ``run`` while
     another thread prepares raises a ValueError saying the projection is not
     prepared; replaying a graph meanwhile is not safe.
+
+    Epilogues, summed in FP32 with the product before the one rounding to the
+    output dtype: ``bias`` (``[N]``, BF16, FP16 or FP32) is added to every row
+    of the output; with ``residual=True`` every ``run`` takes a residual
+    (``run(x, out, residual=r)``, ``r`` shaped and typed as ``out``, or ``out``
+    itself). Split K adds them once, on the rank that stores the fixed-order
+    sum, so results stay bitwise repeatable and batch-invariant. Under a
+    row-parallel tensor split the output is a partial sum before the
+    all-reduce: a bias or residual added on every rank is added once per rank,
+    so give them to one rank only, or add them after the all-reduce.
     """
 
-    def __init__(self, weight, policies, *, output_dtype=torch.bfloat16, programmatic_launch=True):
+    def __init__(self, weight, policies, *, output_dtype=torch.bfloat16, programmatic_launch=True, bias=None,
+                 residual=False):
         self.weight, self.output_dtype, self.programmatic_launch = weight, output_dtype, programmatic_launch
+        self.bias, self.residual = bias, residual
         self.policies = policies
         self._validate()
         self.device = weight.device
@@ -294,6 +396,9 @@ class PreparedProjection:
         ``{batch: SplitKTactic}``. Run again by ``prepare``: any of them may have been replaced since."""
         check_weight(self.weight)
         check_launch_options(self.output_dtype, self.programmatic_launch)
+        check_bias(self.bias, self.weight)
+        if not isinstance(self.residual, bool):
+            raise TypeError(f"residual must be a bool (whether run() takes one), got {self.residual!r}")
         policies = {}
         for batch, tactic in dict(self.policies).items():
             if not is_batch(batch):
@@ -314,7 +419,7 @@ class PreparedProjection:
 
     @classmethod
     def for_weight(cls, weight, batches=(1, 2, 4, 8, 16, 32, 64), *, output_dtype=torch.bfloat16,
-                   batch_invariant=False, programmatic_launch=True):
+                   batch_invariant=False, programmatic_launch=True, bias=None, residual=False):
         """A prepared projection whose tactics come from a shipped table for this GPU, else the heuristic.
 
         ``policy_sources`` says, per batch, which one was used. The tables were tuned with
@@ -324,7 +429,8 @@ class PreparedProjection:
         check_weight(weight)
         architecture(weight.device)
         policies, sources = policies_for(weight, batches, output_dtype=output_dtype, batch_invariant=batch_invariant)
-        projection = cls(weight, policies, output_dtype=output_dtype, programmatic_launch=programmatic_launch)
+        projection = cls(weight, policies, output_dtype=output_dtype, programmatic_launch=programmatic_launch,
+                         bias=bias, residual=residual)
         projection.policy_sources = sources
         return projection.prepare()
 
@@ -363,16 +469,20 @@ class PreparedProjection:
             self._validate()
             self.device = self.weight.device
             arch = architecture(self.device)
+            epilogue = Epilogue(self.residual, None if self.bias is None else self.bias.dtype)
             kernels = {}
             for batch, tactic in self.policies.items():
-                code = compile_projection(tactic, self.output_dtype, arch, self.weight.dtype, self.programmatic_launch)
+                code = compile_projection(tactic, self.output_dtype, arch, self.weight.dtype, self.programmatic_launch,
+                                          epilogue)
                 _claim_device(code, self.device)
                 kernels[batch] = code
             addresses = self._write_maps()
             extra = {batch: (cutlass.Int64(addresses[tactic.weight_load_rows]),)
                      for batch, tactic in self.policies.items()}
+            bias_view = None if self.bias is None else vector_view(self.bias)
             self._launchable = _Launchable(self.weight, self._storage(self.weight), matrix_view(self.weight),
-                                           kernels, extra, self.output_dtype, self.device)
+                                           kernels, extra, self.output_dtype, self.device, epilogue, self.bias,
+                                           bias_view)
         return self
 
     def _write_maps(self) -> dict:
@@ -408,10 +518,15 @@ class PreparedProjection:
         """What the prepared descriptors baked in about the weight."""
         return (weight.data_ptr(), tuple(weight.shape), weight.stride(), weight.dtype, weight.device)
 
-    def is_prepared_for(self, weight) -> bool:
-        """Whether the last completed ``prepare()`` wrote the maps for ``weight``'s storage as it is now."""
+    def is_prepared_for(self, weight, bias=None) -> bool:
+        """Whether the last completed ``prepare()`` wrote the maps for ``weight``'s storage as it is now, and took
+        ``bias``'s storage (or no bias)."""
         launchable = self._launchable
-        return launchable is not None and launchable.storage == self._storage(weight)
+        if launchable is None or launchable.storage != self._storage(weight):
+            return False
+        if bias is None or launchable.bias is None:
+            return bias is None and launchable.bias is None
+        return bias.data_ptr() == launchable.bias.data_ptr() and bias.dtype == launchable.bias.dtype
 
     def _check(self, x, out, launchable):
         """Raise a TypeError/ValueError naming whatever about x or out the kernel cannot take."""
@@ -471,16 +586,37 @@ class PreparedProjection:
         if overlaps(out, x) or overlaps(out, weight):
             raise ValueError("projection output overlaps its input or weight")
 
-    def run(self, x, out):
-        """Launch ``out = x @ weight^T`` on the weight device's current stream; returns ``out``."""
+    def _check_epilogue(self, x, out, residual, launchable):
+        """Raise a TypeError/ValueError naming whatever about ``residual`` or the bias the kernel cannot take (after
+        ``_check`` passed)."""
+        if self.bias is not launchable.bias or self.residual != launchable.epilogue.residual:
+            raise ValueError("projection bias or residual changed after prepare(); call prepare() again")
+        if launchable.bias is not None and overlaps(out, launchable.bias.unsqueeze(0)):
+            raise ValueError("projection output overlaps its bias")
+        if not launchable.epilogue.residual:
+            if residual is not None:
+                raise ValueError("this projection was prepared without a residual: PreparedProjection(..., "
+                                 "residual=True) adds one")
+            return
+        if residual is None:
+            raise ValueError("this projection adds a residual: run(x, out, residual=r), r shaped as out (or out)")
+        check_residual(residual, out, x, launchable.weight)
+
+    def run(self, x, out, residual=None):
+        """Launch ``out = x @ weight^T`` (plus the bias, and ``residual`` where prepared with ``residual=True``)
+        on the weight device's current stream; returns ``out``."""
         with self._launch_lock:
             launchable = self._launchable
             self._check(x, out, launchable)
+            self._check_epilogue(x, out, residual, launchable)
             batch = x.shape[0]
             # A graph captures these arguments; the weight view's pointer is never read (the map is), so a map
             # rewritten in place is all a replay needs to compute with a new weight of the same shape.
             args = (launchable.weight_view, matrix_view(x), matrix_view(out, output=True),
                     *launchable.extra[batch], current_stream(launchable.device))
+            if launchable.epilogue != NO_EPILOGUE:
+                residual_view = None if residual is None else matrix_view(residual, output=True)
+                args = (*args, residual_view, launchable.bias_view)
             code = launchable.kernels[batch]
             if torch.cuda.current_device() == launchable.device.index:
                 code(*args)

@@ -31,7 +31,9 @@ ARCH = "sm_90a"
 
 
 class Case(NamedTuple):
-    """One projection: its tactic, N (weight rows), K and the batch M, and the weight's and the output's dtypes."""
+    """One projection: its tactic, N (weight rows), K and the batch M, the weight's and the output's dtypes, and its
+    epilogue: a bias of ``bias_dtype`` (None: none) and a residual ("none", "in place": the output itself, or
+    "apart": a tensor of its own row pitch)."""
 
     tactic: SplitKTactic
     n: int
@@ -39,12 +41,16 @@ class Case(NamedTuple):
     batch: int
     weight_dtype: torch.dtype = BF16
     output_dtype: torch.dtype = BF16
+    bias_dtype: torch.dtype | None = None
+    residual: str = "none"
 
     @property
     def label(self) -> str:
         dtypes = "" if (self.weight_dtype, self.output_dtype) == (BF16, BF16) else \
             f" {str(self.weight_dtype)[6:]}->{str(self.output_dtype)[6:]}"
-        return f"{self.tactic.label} {self.n}x{self.k} M={self.batch}{dtypes}"
+        bias = f" bias {str(self.bias_dtype)[6:]}" if self.bias_dtype is not None else ""
+        residual = f" residual {self.residual}" if self.residual != "none" else ""
+        return f"{self.tactic.label} {self.n}x{self.k} M={self.batch}{dtypes}{bias}{residual}"
 
     @property
     def epilogue(self) -> str:
@@ -55,6 +61,13 @@ class Case(NamedTuple):
         if SplitKGemm(t).stages_output(OUTPUT_DTYPES[self.output_dtype]):
             return "staged"
         return "direct" if t.split == 1 else "reduction"
+
+    @property
+    def epilogue_code(self):
+        """The kernel's epilogue (projection.Epilogue): what it adds before rounding."""
+        from decode_projection.projection import Epilogue
+
+        return Epilogue(self.residual != "none", self.bias_dtype)
 
     @property
     def vector_stores(self) -> bool:
@@ -144,6 +157,22 @@ FEATURES = {
     "last activation tile moved back, staged": lambda c: c.moved_back and c.epilogue == "staged",
     "last activation tile moved back, folded": lambda c: c.moved_back and c.epilogue == "folded",
     "last activation tile moved back, weight as B": lambda c: c.moved_back and c.tactic.weight_as_b,
+    "FP16 output": lambda c: c.output_dtype == FP16,
+    "bias, direct stores": lambda c: c.bias_dtype is not None and c.epilogue == "direct",
+    "bias, staged": lambda c: c.bias_dtype is not None and c.epilogue == "staged",
+    "bias, folded": lambda c: c.bias_dtype is not None and c.epilogue == "folded",
+    "bias, split-K reduction": lambda c: c.bias_dtype is not None and c.epilogue == "reduction",
+    "bias and residual, weight as B": lambda c: (
+        c.bias_dtype is not None and c.residual != "none" and c.tactic.weight_as_b),
+    "residual in place, direct stores": lambda c: c.residual == "in place" and c.epilogue == "direct",
+    "residual in place, staged": lambda c: c.residual == "in place" and c.epilogue == "staged",
+    "residual in place, split-K reduction": lambda c: c.residual == "in place" and c.epilogue == "reduction",
+    "residual apart, staged, element stores": lambda c: (
+        c.residual == "apart" and c.epilogue == "staged" and not c.vector_stores),
+    "residual apart, folded": lambda c: c.residual == "apart" and c.epilogue == "folded",
+    "residual apart, FP32 output, split-K reduction": lambda c: (
+        c.residual == "apart" and c.output_dtype == FP32 and c.epilogue == "reduction"),
+    "residual, last activation tile moved back": lambda c: c.residual != "none" and c.moved_back,
 }
 
 T = SplitKTactic
@@ -219,6 +248,17 @@ CASES = [
     Case(T(112, 64, 1, 4, weight_as_b=True, dependents_at_start=True), 304, 1000, 100),
     Case(T(96, 64, 2, 4, multicast=3, weight_as_b=True), 200, 1544, 150),
     Case(T(128, 64, 1, 4, multicast=4, weight_as_b=True), 300, 1000, 200),
+    # Epilogues: a bias and a residual summed before the one rounding, on every store path (the residual the
+    # output itself, or a tensor of its own row pitch), the last activation tile moved back in three of them.
+    Case(T(64, 8, 1, 4), 200, 1000, 5, bias_dtype=FP32, residual="in place"),
+    Case(T(64, 64, 1, 4), 328, 1000, 60, bias_dtype=BF16, residual="in place"),
+    Case(T(56, 48, 1, 4, k_boxes=2), 301, 1000, 100, residual="apart"),
+    Case(T(24, 16, 1, 4, k_boxes=2, fold=2), 137, 1000, 21, bias_dtype=FP32, residual="apart"),
+    Case(T(64, 32, 2, 4), 200, 1000, 77, bias_dtype=BF16, residual="in place"),
+    Case(T(64, 16, 4, 4), 200, 1000, 12, output_dtype=FP32, bias_dtype=FP32, residual="apart"),
+    Case(T(96, 64, 1, 4, multicast=3, weight_as_b=True), 300, 1000, 150, weight_dtype=FP16, output_dtype=FP16,
+         bias_dtype=FP16, residual="in place"),
+    Case(T(192, 8, 2, 4), 400, 1544, 6, residual="in place"),
 ]
 del T
 
@@ -315,7 +355,7 @@ def compile_case(case, arch=ARCH) -> list:
     from decode_projection.projection import compile_projection
 
     if isinstance(case, Case):
-        return [compile_projection(case.tactic, case.output_dtype, arch, case.weight_dtype)]
+        return [compile_projection(case.tactic, case.output_dtype, arch, case.weight_dtype, True, case.epilogue_code)]
     if case.op == "pdl_glue":
         return [glue.compile_glue(case.dtype, arch)]
     if case.op in ("rms_norm", "fused_add_rms_norm"):
@@ -339,9 +379,22 @@ def run_projection(case: Case) -> str:
     weight = torch.randn(case.n, case.k, device="cuda", dtype=case.weight_dtype)
     x = torch.randn(case.batch, case.k, device="cuda", dtype=case.weight_dtype)
     out = torch.full((case.batch, case.n), float("nan"), device="cuda", dtype=case.output_dtype)
-    PreparedProjection(weight, {case.batch: case.tactic}, output_dtype=case.output_dtype).prepare().run(x, out)
+    bias = None if case.bias_dtype is None else torch.randn(case.n, device="cuda", dtype=case.bias_dtype)
+    residual = None
+    if case.residual == "in place":
+        residual = out.copy_(torch.randn(case.batch, case.n, device="cuda"))
+    elif case.residual == "apart":
+        residual = torch.randn(case.batch, case.n + 24, device="cuda", dtype=case.output_dtype)[:, 8 : 8 + case.n]
+    addend = None
+    if bias is not None or residual is not None:
+        addend = torch.zeros(1, case.n, dtype=torch.float64)
+        addend = addend + (0 if bias is None else bias.cpu().double()[None, :])
+        addend = addend + (0 if residual is None else host_copy(residual).double())
+    projection = PreparedProjection(weight, {case.batch: case.tactic}, output_dtype=case.output_dtype, bias=bias,
+                                    residual=case.residual != "none").prepare()
+    projection.run(x, out, residual=residual)
     torch.cuda.synchronize()
-    error = assert_close_to_reference(out.cpu(), x.cpu(), weight.cpu(), label=case.label)
+    error = assert_close_to_reference(out.cpu(), x.cpu(), weight.cpu(), label=case.label, addend=addend)
     return f"relative error {error:.2e}"
 
 

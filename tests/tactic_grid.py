@@ -2,6 +2,8 @@
 
 import itertools
 
+import torch
+
 from decode_projection import SplitKTactic
 from decode_projection.kernel.splitk import STAGED_STORE_ROWS
 from decode_projection.kernel.tactic import ACTIVATION_ROWS, K_BOXES, max_stages
@@ -123,3 +125,28 @@ def code_path(tactic: SplitKTactic) -> tuple:
         tactic.weight_smem_rows > tactic.weight_rows, not split and tactic.activation_rows >= STAGED_STORE_ROWS,
         tactic.column_groups, tactic.k_boxes,
     )
+
+
+# One tactic per store path: direct, staged (16-bit outputs of 32+ rows), folded K, split-K reductions (partials
+# kept in registers in the drained stages, sent by every rank, in a buffer of their own, with multicast), the
+# weight as B with multicast, two column groups.
+EPILOGUE_PATHS = [
+    SplitKTactic(64, 8, 1, 6, k_boxes=4),
+    SplitKTactic(128, 64, 1, 6),
+    SplitKTactic(16, 8, 1, 4, k_boxes=4, fold=4),
+    SplitKTactic(64, 64, 4, 4),
+    SplitKTactic(192, 64, 2, 4),
+    SplitKTactic(128, 8, 4, 6, k_boxes=2),
+    SplitKTactic(64, 32, 4, 4, k_boxes=2, multicast=2),
+    SplitKTactic(48, 128, 1, 10, multicast=2, weight_as_b=True),
+    SplitKTactic(64, 256, 1, 4, column_groups=2),
+]
+# (weight dtype, output dtype, bias dtype or None, residual: "none", "in place" or "apart")
+EPILOGUE_CASES = [
+    (torch.bfloat16, torch.bfloat16, torch.float32, "none"),
+    (torch.bfloat16, torch.bfloat16, None, "in place"),
+    (torch.bfloat16, torch.float32, torch.bfloat16, "apart"),
+    (torch.float16, torch.float16, torch.float16, "in place"),
+    (torch.float16, torch.float16, None, "apart"),
+    (torch.bfloat16, torch.bfloat16, torch.bfloat16, "apart"),
+]

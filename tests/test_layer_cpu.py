@@ -15,14 +15,14 @@ def test_fake_implementation_gives_shape_and_dtype():
     layer = ProjectionLinear(torch.randn(48, 64, dtype=torch.bfloat16))
     x = torch.empty(3, 5, 64, device="meta", dtype=torch.bfloat16)
     weight = torch.empty(48, 64, device="meta", dtype=torch.bfloat16)
-    out = project(x, weight, layer.handle, torch.float32)
+    out = project(x, weight, None, layer.handle, torch.float32)
     assert out.shape == (3, 5, 48) and out.dtype == torch.float32 and out.device.type == "meta"
 
 
 def test_opcheck_on_the_fallback_path():
     layer = ProjectionLinear(torch.randn(48, 64, dtype=torch.bfloat16))
     x = torch.randn(4, 64, dtype=torch.bfloat16)
-    torch.library.opcheck(project, (x, layer.weight, layer.handle, torch.bfloat16),
+    torch.library.opcheck(project, (x, layer.weight, None, layer.handle, torch.bfloat16),
                           test_utils=("test_schema", "test_faketensor"))
 
 
@@ -68,7 +68,7 @@ def test_bad_configuration_is_refused_at_construction():
 
     weight = torch.randn(48, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="output dtype"):
-        ProjectionLinear(weight, output_dtype=torch.float16)
+        ProjectionLinear(weight, output_dtype=torch.float64)
     with pytest.raises(ValueError, match="positive ints"):
         ProjectionLinear(weight, batches=(0, 4))
     with pytest.raises(TypeError, match="torch.Tensor, got list"):
@@ -91,7 +91,7 @@ def test_a_cast_layer_returns_what_nn_linear_would():
     layer = ProjectionLinear.from_linear(linear)
     x = torch.randn(4, 64)
     assert layer.float()(x).dtype == linear.float()(x).dtype == torch.float32
-    assert layer.half().output_dtype == torch.float32  # the kernel writes FP32 for FP16 weights
+    assert layer.half().output_dtype == torch.float16  # as nn.Linear's
     assert layer.bfloat16()(x.bfloat16()).dtype == torch.bfloat16
     chosen = ProjectionLinear(torch.randn(48, 64, dtype=torch.bfloat16), output_dtype=torch.float32)
     assert chosen.half().output_dtype == torch.float32 and chosen.bfloat16().output_dtype == torch.float32
@@ -263,7 +263,7 @@ def test_a_stale_handle_says_so():
     del layer
     gc.collect()
     with pytest.raises(ValueError, match=f"handle {handle} names no live ProjectionLinear"):
-        project(x, weight, handle, torch.bfloat16)
+        project(x, weight, None, handle, torch.bfloat16)
 
 
 def test_batches_are_positive_ints_and_at_least_one():

@@ -101,8 +101,11 @@ def test_torch_compile_fullgraph_runs_the_kernel():
     eager = model(x)
     compiled = torch.compile(model, fullgraph=True)
     torch.testing.assert_close(compiled(x), eager)
-    # Compiled and eager agree, and eager is right (the bias-free layer against float64).
-    assert_close_to_reference(model.up(x), x, model.up.weight, label="up")
+    # Compiled and eager agree, and eager is right (against float64; the epilogue adds the down layer's bias).
+    hidden = model.up(x)
+    assert_close_to_reference(hidden, x, model.up.weight, label="up")
+    assert_close_to_reference(model.down(torch.relu(hidden)), torch.relu(hidden), model.down.weight, label="down",
+                              addend=model.down.bias[None, :])
     assert not model.up.fallbacks and not model.down.fallbacks
 
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from decode_projection import PreparedProjection, SplitKTactic, compile_projection, projection, runtime
+from decode_projection.projection import Epilogue
 from decode_projection.kernel.splitk import EVICT_LAST, SplitKGemm
 from decode_projection.kernel.tactic import PRODUCER_REGISTERS, as_tactic, max_stages
 from decode_projection.policy.policies import default_tactic, grid_ctas
@@ -21,7 +22,7 @@ from decode_projection.policy.tables import shipped_tables
 from decode_projection.policy.workload import DECODE_BATCHES, KIMI_K3_SHAPES
 from decode_projection.runtime.sass import kernel_report
 
-from .tactic_grid import GRID, code_path, tactic_id
+from .tactic_grid import EPILOGUE_CASES, EPILOGUE_PATHS, GRID, code_path, tactic_id
 
 TACTIC = SplitKTactic(64, 8, 2, 4)
 
@@ -60,7 +61,7 @@ def test_weight_validation_messages():
     with pytest.raises(ValueError, match="rows overlap"):
         PreparedProjection(torch.zeros(1, 64, dtype=torch.bfloat16).expand(8, 64), {})
     with pytest.raises(ValueError, match="unsupported projection output dtype"):
-        PreparedProjection(torch.zeros(8, 16, dtype=torch.bfloat16), {}, output_dtype=torch.float16)
+        PreparedProjection(torch.zeros(8, 16, dtype=torch.bfloat16), {}, output_dtype=torch.float64)
     with pytest.raises(TypeError):
         PreparedProjection([[1.0]], {})
 
@@ -315,7 +316,9 @@ def test_reprepare_checks_what_was_replaced_as_the_constructor_does(prepared):
         ("weight", torch.randn(256, 512), ValueError, "torch.float32"),
         ("policies", {0: TACTIC}, ValueError, "positive int"),
         ("policies", {65535 * 8 + 1: (64, 8, 1, 4)}, ValueError, "activation tiles"),
-        ("output_dtype", torch.float16, ValueError, "output dtype"),
+        ("output_dtype", torch.float64, ValueError, "output dtype"),
+        ("bias", torch.zeros(255), ValueError, r"bias must be a \[256\] vector"),
+        ("residual", 1, TypeError, "residual must be a bool"),
         ("programmatic_launch", "no", TypeError, "must be a bool"),
     ]:
         kept = getattr(prepared, attribute)
@@ -351,7 +354,7 @@ def test_public_compile_and_map_name_what_they_cannot_take():
     with pytest.raises(ValueError, match="weight dtype"):
         compile_projection(TACTIC, torch.bfloat16, "sm_90a", torch.float32)
     with pytest.raises(ValueError, match="output dtype"):
-        compile_projection(TACTIC, torch.float16, "sm_90a")
+        compile_projection(TACTIC, torch.float64, "sm_90a")
     with pytest.raises(TypeError, match="must be a bool"):
         compile_projection(TACTIC, torch.bfloat16, "sm_90a", torch.bfloat16, "no")
     with pytest.raises(ValueError, match="torch.float32"):
@@ -632,3 +635,122 @@ def test_run_under_inference_mode(prepared, monkeypatch):
         out = torch.empty(4, 256, dtype=torch.bfloat16)
         assert prepared.run(x, out) is out and out.is_inference()
     assert len(launched) == 1
+
+
+def test_bias_validation_messages():
+    weight = torch.zeros(8, 16, dtype=torch.bfloat16)
+    cases = [
+        ([0.0] * 8, TypeError, "bias must be a torch.Tensor or None"),
+        (torch.zeros(7), ValueError, r"bias must be a \[8\] vector"),
+        (torch.zeros(8, 1), ValueError, r"bias must be a \[8\] vector"),
+        (torch.zeros(8, dtype=torch.int32), ValueError, r"bias must be a \[8\] vector"),
+        (torch.zeros(8, dtype=torch.float64), ValueError, r"bias must be a \[8\] vector"),
+        (torch.zeros(16)[::2], ValueError, "bias needs unit stride"),
+        (torch.zeros(8, device="meta"), ValueError, "bias is on meta, the weight on cpu"),
+        (torch._neg_view(torch.zeros(8)), ValueError, "negated view"),
+    ]
+    for bias, error, message in cases:
+        with pytest.raises(error, match=message):
+            PreparedProjection(weight, {1: TACTIC}, bias=bias)
+    with pytest.raises(TypeError, match="residual must be a bool"):
+        PreparedProjection(weight, {1: TACTIC}, residual="yes")
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        PreparedProjection(weight, {1: TACTIC}, bias=torch.zeros(8, dtype=dtype))
+
+
+def prepared_with_epilogue(monkeypatch, bias):
+    """``(projection, launches)``: a projection with ``bias`` and a residual, prepared on the CPU; its launches are
+    recorded in ``launches``, never run."""
+    pretend_hopper(monkeypatch)
+    weight = torch.randn(256, 512, dtype=torch.bfloat16)
+    projection = PreparedProjection(weight, {4: TACTIC}, bias=bias, residual=True).prepare()
+    launches = []
+    projection._launchable.kernels[4] = lambda *args: launches.append(args)
+    monkeypatch.setattr("decode_projection.projection.current_stream", lambda device: 0)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: projection.device.index)
+    return projection, launches
+
+
+def test_run_rejects_bad_residuals(monkeypatch):
+    projection, launches = prepared_with_epilogue(monkeypatch, torch.randn(256))
+    x = torch.randn(4, 512, dtype=torch.bfloat16)
+    out = torch.empty(4, 256, dtype=torch.bfloat16)
+    wide = torch.empty(4, 512, dtype=torch.bfloat16)
+    cases = [
+        (out, None, ValueError, r"adds a residual: run\(x, out, residual=r\)"),
+        (out, "r", TypeError, "residual must be a torch.Tensor"),
+        (out, out[:3], ValueError, "residual must be shaped and typed as the output"),
+        (out, out.float(), ValueError, "residual must be shaped and typed as the output"),
+        (out, torch.empty(4, 256, dtype=torch.bfloat16, device="meta"), ValueError, "residual is on meta"),
+        (out, torch.empty(256, 4, dtype=torch.bfloat16).T, ValueError, "residual rows need unit stride"),
+        (out, torch.empty(1, 256, dtype=torch.bfloat16).expand(4, 256), ValueError, "residual rows overlap"),
+        (out, torch._neg_view(out.clone()), ValueError, "residual is a negated view"),
+        (out, out.clone().requires_grad_(), ValueError, "residual requires grad"),
+        (out, x[:, :256], ValueError, "residual overlaps its input or weight"),
+        (out, projection.weight[:4, :256], ValueError, "residual overlaps its input or weight"),
+        # Overlapping the output without being it races; out itself, or apart from it, is fine.
+        (wide[:, :256], wide[:, 128:384], ValueError, "overlaps the output without being it"),
+    ]
+    for target, residual, error, message in cases:
+        with pytest.raises(error, match=message):
+            projection.run(x, target, residual=residual)
+    assert not launches
+    projection.run(x, out, residual=out)
+    projection.run(x, out, residual=torch.randn(4, 256, dtype=torch.bfloat16))
+    projection.run(x, wide[:, :256], residual=wide[:, 256:])
+    assert len(launches) == 3
+    for args in launches:
+        assert len(args) == 7 and args[5] is not None and args[6] is not None  # the residual's and bias's views
+
+
+def test_run_refuses_an_output_over_its_bias(monkeypatch):
+    buffer = torch.zeros(5 * 256, dtype=torch.bfloat16)
+    projection, launches = prepared_with_epilogue(monkeypatch, buffer[3 * 256 : 4 * 256])
+    x = torch.randn(4, 512, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="output overlaps its bias"):
+        projection.run(x, buffer[: 4 * 256].view(4, 256), residual=torch.zeros(4, 256, dtype=torch.bfloat16))
+    projection.run(x, torch.empty(4, 256, dtype=torch.bfloat16), residual=torch.zeros(4, 256, dtype=torch.bfloat16))
+    assert len(launches) == 1
+
+
+def test_run_refuses_a_residual_it_was_not_prepared_for(prepared):
+    x, out = torch.randn(4, 512, dtype=torch.bfloat16), torch.empty(4, 256, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="prepared without a residual"):
+        prepared.run(x, out, residual=out)
+
+
+def test_bias_or_residual_replaced_after_prepare_is_refused(monkeypatch):
+    projection, launches = prepared_with_epilogue(monkeypatch, torch.randn(256))
+    x, out = torch.randn(4, 512, dtype=torch.bfloat16), torch.empty(4, 256, dtype=torch.bfloat16)
+    projection.bias = torch.randn(256)
+    with pytest.raises(ValueError, match="bias or residual changed after prepare"):
+        projection.run(x, out, residual=out)
+    assert not launches
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", EPILOGUE_CASES, ids=str)
+@pytest.mark.parametrize("tactic", EPILOGUE_PATHS, ids=tactic_id)
+def test_every_epilogue_compiles_on_every_store_path(tactic, case):
+    weight_dtype, output_dtype, bias_dtype, residual = case
+    epilogue = Epilogue(residual != "none", bias_dtype)
+    report = kernel_report(compile_projection(tactic, output_dtype, "sm_90a", weight_dtype, True, epilogue))
+    assert report.hgmma > 0 and report.utmaldg > 0, "no wgmma or no TMA loads in the SASS"
+    assert report.spills == 0 and report.local_bytes == 0, f"{report.spills} spill instructions"
+    assert not report.wgmma_serialized, "ptxas serialized the wgmmas (C7514)"
+
+
+def test_an_epilogue_is_a_kernel_of_its_own():
+    plain = compile_projection(TACTIC, torch.bfloat16, "sm_90a")
+    assert compile_projection(TACTIC, torch.bfloat16, "sm_90a", epilogue=Epilogue()) is plain
+    with_residual = compile_projection(TACTIC, torch.bfloat16, "sm_90a", epilogue=Epilogue(residual=True))
+    with_bias = compile_projection(TACTIC, torch.bfloat16, "sm_90a", epilogue=Epilogue(bias_dtype=torch.float32))
+    assert len({id(plain), id(with_residual), id(with_bias)}) == 3
+    # Each reads what it adds: a global load per accumulator more than the plain kernel's.
+    loads = {name: len(re.findall(r"\bLDG\.", kernel_report(code).sass))
+             for name, code in (("plain", plain), ("residual", with_residual), ("bias", with_bias))}
+    assert loads["residual"] > loads["plain"] and loads["bias"] > loads["plain"], loads
+    with pytest.raises(TypeError, match="epilogue must be an Epilogue"):
+        compile_projection(TACTIC, torch.bfloat16, "sm_90a", epilogue=("residual",))
+    with pytest.raises(ValueError, match="bias dtype"):
+        compile_projection(TACTIC, torch.bfloat16, "sm_90a", epilogue=Epilogue(bias_dtype=torch.int8))

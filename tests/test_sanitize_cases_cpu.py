@@ -61,7 +61,9 @@ def test_every_projection_case_is_valid_and_small(case):
     assert isinstance(tactic, SplitKTactic) and tactic.problems() == []
     assert case.k % 8 == 0 and case.n > 0 and case.batch > 0, "the projection takes K % 8 == 0"
     assert case.weight_dtype in (torch.bfloat16, torch.float16)
-    assert case.output_dtype in (torch.bfloat16, torch.float32)
+    assert case.output_dtype in (torch.bfloat16, torch.float16, torch.float32)
+    assert case.bias_dtype in (None, torch.bfloat16, torch.float16, torch.float32)
+    assert case.residual in ("none", "in place", "apart")
     # Small: a sanitizer runs kernels 10-100x slower.
     assert case.n * case.k <= 1 << 20 and case.batch <= 256
     assert tactic.grid_columns(case.n) * tactic.grid_rows(case.batch) <= 256, "a grid of at most 256 CTAs"

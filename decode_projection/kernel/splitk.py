@@ -77,7 +77,7 @@ once. The kernel is shaped around that:
 """
 
 import math
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import cutlass
 import cutlass.cute as cute
@@ -166,8 +166,11 @@ class SplitKGemm:
         out: cute.Tensor,
         weight_map: cutlass.Int64,
         stream,
+        residual: Optional[cute.Tensor] = None,
+        bias: Optional[cute.Tensor] = None,
     ):
-        """Build the MMA, TMA atoms and shared layouts for this tactic and launch the grid of clusters on ``stream``."""
+        """Build the MMA, TMA atoms and shared layouts for this tactic and launch the grid of clusters on ``stream``.
+        An epilogue adds ``residual`` (laid out as ``out``) and ``bias`` (one value per weight row), where given."""
         t = self.tactic
         operand = weight.element_type
         if cutlass.const_expr(activations.element_type != operand):
@@ -209,7 +212,7 @@ class SplitKGemm:
         self.shared_storage = self.shared_storage_type(operand, weight_smem, act_smem)
         grid = (t.grid_columns(weight.shape[0], cute.ceil_div), t.grid_rows(activations.shape[0], cute.ceil_div), 1)
         self.kernel(
-            tiled_mma, act_tma, act_coords, weight_smem, act_smem, act_slots, weight, out, weight_map
+            tiled_mma, act_tma, act_coords, weight_smem, act_smem, act_slots, weight, out, weight_map, residual, bias
         ).launch(
             grid=grid,
             block=(t.threads, 1, 1),
@@ -232,6 +235,8 @@ class SplitKGemm:
         weight: cute.Tensor,
         out: cute.Tensor,
         weight_map: cutlass.Int64,
+        residual: Optional[cute.Tensor],
+        bias: Optional[cute.Tensor],
     ):
         """One CTA: a producer warp streams weight and activation stages by TMA, consumer warpgroups run wgmma on
         them, then the CTA stores its tile or its split rank's share of the reduced sums."""
@@ -365,11 +370,11 @@ class SplitKGemm:
             if cutlass.const_expr(t.split > 1):
                 self.await_reduction_peers()  # the reduction's cluster barrier counts every thread
         else:
-            self.consume(tiled_mma, tiles, storage, s_weight, s_act, out, warp, tidx,
+            self.consume(tiled_mma, tiles, storage, s_weight, s_act, out, residual, bias, warp, tidx,
                          CtaWork(n_tile, m_tile, rank, sharer, k_count))
 
     @cute.jit
-    def consume(self, tiled_mma, tiles, storage, s_weight, s_act, out, warp, tidx, work):
+    def consume(self, tiled_mma, tiles, storage, s_weight, s_act, out, residual, bias, warp, tidx, work):
         """A consumer warpgroup: one wgmma group in flight over the stages as they land, then the epilogue."""
         t = self.tactic
         if cutlass.const_expr(t.reallocates_registers):
@@ -428,16 +433,20 @@ class SplitKGemm:
         col0, repeated = self.activation_origin(work.m_tile, out.shape[1])
         rows, cols = out.shape[0], out.shape[1]
         if cutlass.const_expr(t.fold > 1):
-            self.store_folded(acc, coords, storage, out, row0, col0, repeated)
+            self.store_folded(acc, coords, storage, out, residual, bias, row0, col0, repeated)
         elif cutlass.const_expr(self.stages_output(out.element_type)):
-            self.store_staged(acc, coords, storage, out, row0, col0, repeated)
+            self.store_staged(acc, coords, storage, out, residual, bias, row0, col0, repeated)
         elif cutlass.const_expr(t.split == 1):
             for r in cutlass.range_constexpr(cute.size(acc)):
                 n, m = self.output_index(coords[r])
                 if self.stores(n, m, row0, col0, rows, cols, repeated):
-                    self.store_kept_in_l2(out, row0 + n, col0 + m, acc[r].to(out.element_type))
+                    value = acc[r]
+                    if cutlass.const_expr(residual is not None or bias is not None):
+                        value = self.finish(value, row0 + n, col0 + m, residual, bias)
+                    self.store_kept_in_l2(out, row0 + n, col0 + m, value.to(out.element_type))
         else:
-            self.reduce_across_cluster(acc, coords, work.rank, work.sharer, storage, out, row0, col0, repeated)
+            self.reduce_across_cluster(acc, coords, work.rank, work.sharer, storage, out, residual, bias, row0, col0,
+                                       repeated)
 
     @property
     def publishes_reduction_barrier_at_start(self) -> bool:
@@ -501,6 +510,17 @@ class SplitKGemm:
         word = cutlass.Int16 if cutlass.const_expr(out.element_type.width == 16) else out.element_type
         nvvm.store_ext(value.bitcast(word).ir_value(), cute.recast_ptr(element, dtype=word), l2_cache_hint=EVICT_LAST)
 
+    @cute.jit
+    def finish(self, value, row, col, residual, bias):
+        """``value`` (an FP32 sum) plus ``bias[row]`` and ``residual[row, col]`` where given, still in FP32: the
+        epilogue rounds once, as it stores. Read after ``griddepcontrol.wait``, since the previous kernel may write
+        either, and only for outputs this CTA stores (a residual that is ``out`` is then read by its writer alone)."""
+        if cutlass.const_expr(bias is not None):
+            value = value + bias[row].to(cutlass.Float32)
+        if cutlass.const_expr(residual is not None):
+            value = value + residual[(row, col, 0)].to(cutlass.Float32)
+        return value
+
     def stages_output(self, out_type) -> bool:
         """Whether the epilogue stages the output tile in shared memory (SplitKGemm.store_staged): unsplit
         tactics with 16-bit outputs and at least STAGED_STORE_ROWS activation rows."""
@@ -514,7 +534,7 @@ class SplitKGemm:
         return self.tactic.activation_rows * (self.tactic.weight_smem_rows + STAGING_PAD) * 2
 
     @cute.jit
-    def store_staged(self, acc, coords, storage, out, row0, col0, repeated):
+    def store_staged(self, acc, coords, storage, out, residual, bias, row0, col0, repeated):
         """Store the tile through shared memory: each thread writes 16 contiguous output bytes at a time."""
         # Straight from the accumulators a warp's store touches four output rows with 2 bytes per thread; staged, a warp
         # writes whole 128-byte lines. Every store, the ragged tail's element stores too, has the L2 policy EVICT_LAST.
@@ -530,7 +550,14 @@ class SplitKGemm:
         cute.arch.barrier(barrier_id=STAGING_BARRIER, number_of_threads=self.consumer_threads)
         for r in cutlass.range_constexpr(cute.size(acc)):
             n, m = self.output_index(coords[r])
-            staging[n, m] = acc[r].to(out.element_type)
+            if cutlass.const_expr(residual is None and bias is None):
+                staging[n, m] = acc[r].to(out.element_type)
+            else:
+                # Staged are the finished, rounded outputs; those this tile does not store read nothing.
+                value = acc[r]
+                if self.stores(n, m, row0, col0, out.shape[0], out.shape[1], repeated):
+                    value = self.finish(value, row0 + n, col0 + m, residual, bias)
+                staging[n, m] = value.to(out.element_type)
         cute.arch.barrier(barrier_id=STAGING_BARRIER, number_of_threads=self.consumer_threads)
 
         rows, cols = out.shape[0], out.shape[1]
@@ -562,7 +589,7 @@ class SplitKGemm:
                             self.store_kept_in_l2(out, row0 + n + e, col0 + m, staging[n + e, m])
 
     @cute.jit
-    def store_folded(self, acc, coords, storage, out, row0, col0, repeated):
+    def store_folded(self, acc, coords, storage, out, residual, bias, row0, col0, repeated):
         """Sum each output's K-segment partials in segment order through shared memory, and store them (EVICT_LAST)."""
         # Folded, A row ``segment * slot_rows + n`` times B row ``segment * activation_rows + m`` is segment
         # ``segment``'s partial of output (n, m); the products across segments are discarded. The partials are staged as
@@ -589,6 +616,8 @@ class SplitKGemm:
                 total = partials[n, m, 0]
                 for segment in cutlass.range_constexpr(1, t.fold):
                     total = total + partials[n, m, segment]
+                if cutlass.const_expr(residual is not None or bias is not None):
+                    total = self.finish(total, row0 + n, col0 + m, residual, bias)
                 self.store_kept_in_l2(out, row0 + n, col0 + m, total.to(out.element_type))
 
     @cute.jit
@@ -656,7 +685,7 @@ class SplitKGemm:
             )
 
     @cute.jit
-    def reduce_across_cluster(self, acc, coords, rank, sharer, storage, out, row0, col0, repeated):
+    def reduce_across_cluster(self, acc, coords, rank, sharer, storage, out, residual, bias, row0, col0, repeated):
         """Sum the split partials through DSMEM in rank order; each rank stores a share (EVICT_LAST)."""
         # Each thread's accumulators go in vectors of ``reduction_vector``; vector ``g`` is owned by rank ``g % split``:
         # each peer sends it with one ``st.async`` to its slot of the owner's buffer; the owner waits on its mbarrier
@@ -714,6 +743,12 @@ class SplitKGemm:
                     total = part if total is None else [a + b for a, b in zip(total, part)]
                 for j in cutlass.range_constexpr(width):
                     n, m = self.output_index(coords[g * width + j])
-                    value = total[j].to(out.element_type)
-                    if self.stores(n, m, row0, col0, rows, cols, repeated):
-                        self.store_kept_in_l2(out, row0 + n, col0 + m, value)
+                    if cutlass.const_expr(residual is None and bias is None):
+                        value = total[j].to(out.element_type)
+                        if self.stores(n, m, row0, col0, rows, cols, repeated):
+                            self.store_kept_in_l2(out, row0 + n, col0 + m, value)
+                    else:
+                        # The residual and bias join the fixed-order sum once, on the rank that stores it.
+                        if self.stores(n, m, row0, col0, rows, cols, repeated):
+                            value = self.finish(total[j], row0 + n, col0 + m, residual, bias)
+                            self.store_kept_in_l2(out, row0 + n, col0 + m, value.to(out.element_type))

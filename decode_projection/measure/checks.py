@@ -50,11 +50,16 @@ def accumulation_allowance(k):
 
 
 class Reference:
-    """float64 ``x @ weight^T`` and the error bound torch.matmul sets on the same inputs."""
+    """float64 ``x @ weight^T`` (plus ``addend``, an epilogue's bias and residual broadcast to the output) and the
+    error bound PyTorch sets on the same inputs: with an addend, its FP32 product plus the addend, rounded once."""
 
-    def __init__(self, x, weight, out_dtype):
+    def __init__(self, x, weight, out_dtype, addend=None):
         self.value = x.double() @ weight.double().T
-        theirs = torch_product(x, weight, out_dtype)
+        if addend is None:
+            theirs = torch_product(x, weight, out_dtype)
+        else:
+            self.value = self.value + addend.double()
+            theirs = (torch_product(x, weight, torch.float32) + addend.float()).to(out_dtype)
         self.torch_error = relative_error(theirs, self.value)
         allowance = accumulation_allowance(x.shape[1])
         self.bound = 2.0 * self.torch_error + max(1e-6, allowance)
@@ -74,6 +79,6 @@ class Reference:
         return ours
 
 
-def assert_close_to_reference(out, x, weight, *, label=""):
-    """Judge ``out`` against float64 ``x @ weight^T``, relative to torch.matmul's own error."""
-    return Reference(x, weight, out.dtype).check(out, label)
+def assert_close_to_reference(out, x, weight, *, label="", addend=None):
+    """Judge ``out`` against float64 ``x @ weight^T`` (``+ addend``), relative to PyTorch's own error."""
+    return Reference(x, weight, out.dtype, addend).check(out, label)

@@ -1,0 +1,94 @@
+"""GPU tests of the epilogues: bias and residual summed in FP32 before the one rounding, on every store path."""
+
+import pytest
+import torch
+
+from decode_projection import PreparedProjection, SplitKTactic
+from decode_projection.measure.checks import assert_close_to_reference
+
+from .tactic_grid import EPILOGUE_CASES, EPILOGUE_PATHS, tactic_id
+
+pytestmark = pytest.mark.gpu
+
+def epilogue_id(case):
+    weight, out, bias, residual = case
+    return f"{str(weight)[6:]}-{str(out)[6:]}-bias_{str(bias)[6:] if bias else 'none'}-residual_{residual}"
+
+
+def run_epilogue(projection, x, n, out_dtype, residual_kind, values=None, *, first_column=8, spare_columns=24):
+    """Run into a slice of a NaN-poisoned buffer: in place, the slice first holds the residual ``values`` (fresh
+    random ones where None); apart, the residual is a slice of a buffer with another row pitch. Returns
+    ``(out, values)``; the guard must stay NaN and a residual apart untouched."""
+    batch = x.shape[0]
+    buffer = torch.full((batch + 2, n + spare_columns), float("nan"), dtype=out_dtype, device=x.device)
+    out = buffer[1 : batch + 1, first_column : first_column + n]
+    residual = None
+    if residual_kind != "none":
+        values = torch.randn(batch, n, device=x.device).to(out_dtype) if values is None else values
+        if residual_kind == "in place":
+            residual = out.copy_(values)
+        else:
+            holder = torch.full((batch, n + 40), float("nan"), dtype=out_dtype, device=x.device)
+            residual = holder[:, 16 : 16 + n].copy_(values)
+    projection.run(x, out, residual=residual)
+    torch.cuda.synchronize()
+    guard = buffer.clone()
+    guard[1 : batch + 1, first_column : first_column + n] = float("nan")
+    assert torch.isnan(guard).all(), "the kernel wrote outside its output"
+    if residual_kind == "apart":
+        assert torch.equal(residual, values), "the kernel wrote into the residual"
+    return out, values
+
+
+@pytest.mark.parametrize("case", EPILOGUE_CASES, ids=epilogue_id)
+@pytest.mark.parametrize("tactic", EPILOGUE_PATHS, ids=tactic_id)
+def test_every_store_path_adds_bias_and_residual_once(tactic, case):
+    weight_dtype, out_dtype, bias_dtype, residual_kind = case
+    rows, acts = tactic.weight_rows, tactic.activation_rows
+    for n, k, batch in [(2 * rows + 40, 1000, max(1, acts - 3)), (rows + 8, 520, 2 * acts + 5)]:
+        weight = torch.randn(n, k, device="cuda").to(weight_dtype)
+        x = torch.randn(batch, k, device="cuda").to(weight_dtype)
+        bias = None if bias_dtype is None else torch.randn(n, device="cuda").to(bias_dtype)
+        projection = PreparedProjection(weight, {batch: tactic}, output_dtype=out_dtype, bias=bias,
+                                        residual=residual_kind != "none").prepare()
+        out, residual = run_epilogue(projection, x, n, out_dtype, residual_kind)
+        addend = torch.zeros(1, n, device="cuda", dtype=torch.float64)
+        if bias is not None:
+            addend = addend + bias.double()[None, :]
+        if residual is not None:
+            addend = addend + residual.double()
+        assert_close_to_reference(out, x, weight, addend=addend,
+                                  label=f"{tactic} {epilogue_id(case)} N={n} K={k} M={batch}")
+        # Bitwise repeatable: the same inputs give the same bits.
+        again, _ = run_epilogue(projection, x, n, out_dtype, residual_kind, residual)
+        assert torch.equal(again, out), f"{tactic} {epilogue_id(case)}: not repeatable"
+
+
+def test_batch_invariant_rows_with_bias_and_residual_do_not_depend_on_the_batch():
+    n, k = 7168, 1536
+    weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    batches = (1, 2, 8, 16, 64, 128, 256)
+    projection = PreparedProjection.for_weight(weight, batches, batch_invariant=True, bias=bias, residual=True)
+    x = torch.randn(max(batches), k, device="cuda", dtype=torch.bfloat16)
+    residual = torch.randn(max(batches), n, device="cuda", dtype=torch.bfloat16)
+    rows = {}
+    for batch in batches:
+        out = residual[:batch].clone()
+        projection.run(x[:batch], out, residual=out)
+        rows[batch] = out
+    torch.cuda.synchronize()
+    assert_close_to_reference(rows[256], x, weight, addend=bias.double()[None, :] + residual.double(),
+                              label="batch-invariant with bias and residual, M=256")
+    for batch in batches:
+        assert torch.equal(rows[batch], rows[256][:batch]), f"batch {batch} rows differ from batch 256's"
+
+
+def test_fp16_weights_write_fp16_outputs():
+    weight = torch.randn(2112, 7168, device="cuda", dtype=torch.float16)
+    x = torch.randn(8, 7168, device="cuda", dtype=torch.float16)
+    projection = PreparedProjection.for_weight(weight, (8,), output_dtype=torch.float16)
+    out = torch.full((8, 2112), float("nan"), device="cuda", dtype=torch.float16)
+    projection.run(x, out)
+    torch.cuda.synchronize()
+    assert_close_to_reference(out, x, weight, label="fp16 -> fp16")
