@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from .cli_args import SHIPPED_ORDERS, batch_list, context_list, pinned_order, positive_int, shape
+from .cli_args import SHIPPED_ORDERS, batch_list, context_list, epilogue_list, pinned_order, positive_int, shape
 from .policy.workload import DECODE_BATCHES, KIMI_K3_SHAPES
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -64,6 +64,8 @@ def bench(args):
         return 0
     from .measure.timing import PDL_GLUE
 
+    if args.epilogue:
+        return bench_epilogues(args)
     kinds = args.policies.split(",")
     launches = args.launch.split(",")
     weight_dtype, output_dtype = DTYPES[args.dtype], DTYPES[args.out_dtype]
@@ -105,6 +107,27 @@ def bench(args):
         "clocks": clocks.summary(),
     }
     render(cells, meta, args)
+    return 0
+
+
+def bench_epilogues(args):
+    """Time each fused epilogue next to the projection and the PyTorch op it replaces (measure/epilogue_bench.py)."""
+    from .measure.epilogue_bench import bench_epilogues as run, epilogue_records, epilogue_table
+
+    if not hopper_available():
+        print("The epilogue benchmark needs a Hopper GPU (H100/H200).", file=sys.stderr)
+        return 2
+    cells = run(args.shape, args.batches, args.epilogue, contexts=args.context, weight_dtype=DTYPES[args.dtype],
+                output_dtype=DTYPES[args.out_dtype])
+    print(f"{torch.cuda.get_device_name()}, {datetime.date.today().isoformat()}; cold L2, CUDA-graph replay, "
+          "medians; a residual of its own row pitch, a bias of the output's dtype")
+    print(epilogue_table(cells))
+    if args.json:
+        import json
+
+        with open(args.json, "w") as file:
+            json.dump({"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
+                       "cells": epilogue_records(cells)}, file, indent=1)
     return 0
 
 
@@ -185,7 +208,7 @@ def main(argv=None):
         sub.add_argument("--batches", type=batch_list, default=list(DECODE_BATCHES),
                          help="padded batches, comma-separated (default: %(default)s)")
         sub.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16", help="weight and activation dtype")
-        sub.add_argument("--out-dtype", choices=["bf16", "fp32"], default="bf16", help="output dtype")
+        sub.add_argument("--out-dtype", choices=["bf16", "fp16", "fp32"], default="bf16", help="output dtype")
 
     run_bench = commands.add_parser("bench", help="time this projection next to torch.matmul and the read ceiling")
     common(run_bench)
@@ -201,6 +224,10 @@ def main(argv=None):
                                 "elementwise kernel that writes the activations), glue (after a plain PyTorch "
                                 "elementwise kernel) (default: all three)")
     run_bench.add_argument("--isolated", action="store_true", help="the same as --context glue")
+    run_bench.add_argument("--epilogue", type=epilogue_list,
+                           help="time fused epilogues instead, comma-separated: residual, bias (each next to the "
+                                "projection alone, the projection then the PyTorch op, and torch.addmm; default "
+                                "shapes: the Kimi-K3 projections that join the residual stream)")
     run_bench.add_argument("--launch", default="programmatic",
                            help="comma-separated: programmatic (with programmatic dependent launch), plain "
                                 "(programmatic_launch=False; cells labelled <policy>/plain) (default: %(default)s)")
@@ -279,6 +306,10 @@ def main(argv=None):
             parser.error(f"{flag}: is a directory")
         if path and not os.access(Path(path).resolve().parent, os.W_OK):
             parser.error(f"{flag}: its directory is not writable")
+    if args.command == "bench" and args.epilogue and not args.shape:
+        from .measure.epilogue_bench import RESIDUAL_SHAPES
+
+        args.shape = list(RESIDUAL_SHAPES)
     args.shape = args.shape or list(KIMI_K3_SHAPES)
     if args.command == "tune" and args.invariant_order:
         if not args.batch_invariant_out:

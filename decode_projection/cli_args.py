@@ -60,6 +60,16 @@ def context_list(text):
     return contexts
 
 
+def epilogue_list(text):
+    """``"residual,bias"`` -> ``["residual", "bias"]``: epilogues of the epilogue benchmark, each once."""
+    from .measure.epilogue_bench import EPILOGUES
+
+    epilogues = text.split(",")
+    if not set(epilogues) <= set(EPILOGUES) or len(set(epilogues)) < len(epilogues):
+        raise argparse.ArgumentTypeError(f"epilogues must be some of {','.join(EPILOGUES)}, each once, got {text!r}")
+    return epilogues
+
+
 def positive_int(text):
     """``"4"`` -> ``4``; zero and negatives are refused."""
     try:

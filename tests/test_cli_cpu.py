@@ -210,3 +210,23 @@ def test_an_output_path_that_is_a_directory_is_refused_before_the_run(option, no
 def test_bench_without_gpu_says_its_output_files_were_not_written(no_gpu, capsys, tmp_path):
     assert main(["bench", "--shape", "2304x1536", "--batches", "1", "--json", str(tmp_path / "run.json")]) == 0
     assert "nothing written for --json" in capsys.readouterr().out and not (tmp_path / "run.json").exists()
+
+
+def test_the_epilogue_benchmark_needs_a_gpu_and_known_epilogues(no_gpu, capsys):
+    assert main(["bench", "--epilogue", "residual,bias"]) == 2
+    assert "needs a Hopper GPU" in capsys.readouterr().err
+    for bad in ("silu", "bias,bias", ""):
+        with pytest.raises(SystemExit):
+            main(["bench", "--epilogue", bad])
+
+
+def test_epilogue_cells_say_what_fusing_costs_and_saves():
+    from decode_projection.measure.epilogue_bench import EpilogueCell, epilogue_table
+
+    cells = [EpilogueCell(7168, 1536, 1, "residual", "chain", 6.0, 6.2, 9.0, 7.5),
+             EpilogueCell(7168, 1536, 1, "bias", "glue", 8.0, 8.1, 10.5, None)]
+    assert abs(cells[0].fused_extra_us - 0.2) < 1e-9 and abs(cells[0].speedup - 9.0 / 6.2) < 1e-9
+    table = epilogue_table(cells)
+    assert "7168 x 1536, residual (us)" in table and "7168 x 1536, bias (us)" in table
+    assert "    1     chain    6.00    6.20   0.20      9.00    7.50           1.45x" in table
+    assert "    1      glue    8.00    8.10   0.10     10.50       -           1.30x" in table

@@ -92,3 +92,29 @@ def test_fp16_weights_write_fp16_outputs():
     projection.run(x, out)
     torch.cuda.synchronize()
     assert_close_to_reference(out, x, weight, label="fp16 -> fp16")
+
+
+def test_the_epilogue_benchmark_times_every_provider():
+    from decode_projection.measure.epilogue_bench import bench_epilogues, epilogue_table
+
+    cells = bench_epilogues([(2048, 1536)], [1, 64], ["residual", "bias"], contexts=["chain", "glue"])
+    assert len(cells) == 2 * 2 * 2
+    for cell in cells:
+        assert 0 < cell.plain_us < 1000 and 0 < cell.fused_us < 1000 and 0 < cell.separate_us < 1000
+        assert (cell.addmm_us is None) == (cell.epilogue == "bias")
+    assert "2048 x 1536, residual (us)" in epilogue_table(cells)
+
+
+def test_a_layer_with_bias_adds_it_in_the_kernel():
+    from torch import nn
+
+    from decode_projection.layer import ProjectionLinear
+
+    for dtype in (torch.bfloat16, torch.float16):
+        linear = nn.Linear(1536, 2304, device="cuda", dtype=dtype)
+        layer = ProjectionLinear.from_linear(linear, batches=(4,))
+        x = torch.randn(4, 1536, device="cuda", dtype=dtype)
+        out = layer(x)
+        assert out.dtype == dtype and not layer.fallbacks
+        assert layer.prepared.bias is not None  # fused, not added after the kernel
+        assert_close_to_reference(out, x, layer.weight, addend=layer.bias.double()[None, :], label=f"layer {dtype}")
