@@ -55,14 +55,12 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def why_not_swappable(module: nn.Module, *, output_dtype: torch.dtype | None = None,
+def why_not_swappable(module: nn.Module, *,
                       device_check: Callable[[torch.Tensor], None] = hopper_device_check) -> str | None:
     """Why ``module`` cannot become a ``ProjectionLinear`` here, or None where it can.
 
     ``device_check`` raises a ValueError for a weight on a device the kernel cannot
     run on (default: anything but a Hopper GPU); tests pass their own.
-    ``output_dtype`` is what the swapped layer would be asked to write (None:
-    the weight's default).
     """
     if type(module) is not nn.Linear:
         if isinstance(module, nn.Linear):
@@ -75,9 +73,6 @@ def why_not_swappable(module: nn.Module, *, output_dtype: torch.dtype | None = N
         return str(error)
     if weight.dtype not in WEIGHT_DTYPES:
         return f"dtype {_dtype_name(weight.dtype)} (the kernel takes bfloat16 or float16 weights)"
-    if weight.dtype == torch.float16 and output_dtype is None:
-        return ("dtype float16: the kernel writes bfloat16 or float32, not the float16 nn.Linear returns "
-                "(pass output_dtype=torch.float32 to swap anyway)")
     n, k = weight.shape
     if k % 8:
         return f"K = {k} is not a multiple of 8"
@@ -263,8 +258,7 @@ def swap_linears(model: nn.Module, batches=(1, 8, 32, 64), *, skip=None,
         module, name = modules[key], names[0]
         reason = "the model itself: wrap it, or call ProjectionLinear.from_linear" if name == "" else None
         reason = reason or _skip_reason(skip, name, module)
-        reason = reason or why_not_swappable(module, output_dtype=layer_options.get("output_dtype"),
-                                             device_check=device_check)
+        reason = reason or why_not_swappable(module, device_check=device_check)
         if reason is None:
             try:
                 layer = factory(module, batches=batches, **layer_options)
