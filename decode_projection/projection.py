@@ -22,8 +22,8 @@ from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 from torch.autograd.graph import increment_version
 
 from .kernel.splitk import SplitKGemm
-from .kernel.tactic import BOX_K, as_tactic
-from .policy.policies import resolve_policies
+from .kernel.tactic import BOX_K, GATE_GROUP_ROWS, as_tactic, gated_problems
+from .policy.policies import gated_tactic, resolve_policies
 from .policy.tables import dtype_name
 from .runtime import (
     TensorMapSpec, architecture, capturing, compile_lock, current_stream, describe, overlaps, tensor_map_slots,
@@ -43,11 +43,13 @@ MOST_GRID_COLUMNS = 2**31 - 1  # and on its x dimension
 
 
 class Epilogue(NamedTuple):
-    """What a kernel adds to ``x @ weight^T`` in FP32 before its one rounding: a residual laid out as the output
-    (``run(x, out, residual=r)``) and a bias of one value per weight row of ``bias_dtype`` (None: no bias)."""
+    """What a kernel makes of ``x @ weight^T`` in FP32 before its one rounding: adds a residual laid out as the
+    output (``run(x, out, residual=r)``) and a bias of one value per weight row of ``bias_dtype`` (None: no bias);
+    or, ``gated``, writes ``silu(gate) * up`` of a gate/up interleaved weight (``interleave_gate_up``)."""
 
     residual: bool = False
     bias_dtype: torch.dtype | None = None
+    gated: bool = False
 
 
 NO_EPILOGUE = Epilogue()
@@ -69,10 +71,13 @@ def compile_projection(tactic, output_dtype, arch, weight_dtype=torch.bfloat16, 
 
 def check_epilogue(epilogue):
     """Raise a TypeError/ValueError unless ``epilogue`` is an Epilogue the kernel can add."""
-    if not isinstance(epilogue, Epilogue) or not isinstance(epilogue.residual, bool):
-        raise TypeError(f"epilogue must be an Epilogue(residual: bool, bias_dtype), got {epilogue!r}")
+    if not isinstance(epilogue, Epilogue) or not all(isinstance(flag, bool) for flag in (epilogue.residual,
+                                                                                           epilogue.gated)):
+        raise TypeError(f"epilogue must be an Epilogue(residual: bool, bias_dtype, gated: bool), got {epilogue!r}")
     if epilogue.bias_dtype is not None and epilogue.bias_dtype not in BIAS_DTYPES:
         raise ValueError(f"projection bias dtype must be one of {list(BIAS_DTYPES)}, got {epilogue.bias_dtype}")
+    if epilogue.gated and (epilogue.residual or epilogue.bias_dtype is not None):
+        raise ValueError("a gated projection writes silu(gate) * up: it takes no bias or residual")
 
 
 def check_launch_options(output_dtype, programmatic_launch):
@@ -122,7 +127,7 @@ def _compile(tactic, output_dtype, arch, weight_dtype, programmatic_launch, epil
     def build():
         logger.debug("compiling %s for %s: %s weights, %s output, %s", tactic, arch, weight_dtype, output_dtype,
                      epilogue)
-        return cute.compile(SplitKGemm(tactic, programmatic_launch),
+        return cute.compile(SplitKGemm(tactic, programmatic_launch, gated=epilogue.gated),
                             *kernel_arguments(weight_dtype, output_dtype, epilogue), options=f"--gpu-arch={arch}")
 
     # Without an epilogue the key is what it always was: caches filled before epilogues existed still load.
@@ -267,6 +272,37 @@ def check_residual(residual, out, x, weight):
         raise ValueError("projection residual overlaps its input or weight")
 
 
+def interleave_gate_up(gate, up):
+    """``[2 * ceil(N / 8) * 8, K]``: eight rows of ``gate`` then the same eight rows of ``up``, in turn (the last
+    group padded with zero rows), the layout a gated projection's kernel takes (kernel.tactic.GATE_GROUP_ROWS)."""
+    check_weight(gate)
+    check_weight(up)
+    if gate.shape != up.shape or gate.dtype != up.dtype or gate.device != up.device:
+        raise ValueError(f"gate and up weights must match in shape, dtype and device, got {describe(gate)} and "
+                         f"{describe(up)}")
+    n, k = gate.shape
+    half = GATE_GROUP_ROWS // 2
+    full, rest = divmod(n, half)
+    weight = gate.new_zeros(full + (rest > 0), 2, half, k)
+    for part, source in enumerate((gate, up)):
+        weight[:full, part] = source[: full * half].reshape(full, half, k)
+        if rest:
+            weight[full, part, :rest] = source[full * half :]
+    return weight.view(-1, k)
+
+
+def check_gated_rows(gated_rows, weight):
+    """Raise unless ``gated_rows`` is None or the N of a gate/up pair that ``weight`` interleaves."""
+    if gated_rows is None:
+        return
+    if not is_batch(gated_rows):
+        raise TypeError(f"gated_rows must be a positive int (the gate weight's rows), got {gated_rows!r}")
+    half = GATE_GROUP_ROWS // 2
+    if weight.shape[0] != 2 * half * -(-gated_rows // half):
+        raise ValueError(f"a gated weight of {gated_rows} gate rows interleaves {2 * half * -(-gated_rows // half)} "
+                         f"rows (interleave_gate_up), got {describe(weight)}")
+
+
 def vector_view(vector):
     """A 1-D tensor as the kernel takes it (the bias), outside autograd."""
     vector = vector.detach()
@@ -330,6 +366,7 @@ class _Launchable(NamedTuple):
     epilogue: Epilogue
     bias: torch.Tensor | None
     bias_view: object  # the bias as the kernel takes it (None without one)
+    output_rows: int  # N of the output: the weight's rows, or a gated projection's gate rows
 
 
 class PreparedProjection:
@@ -374,9 +411,9 @@ class PreparedProjection:
     """
 
     def __init__(self, weight, policies, *, output_dtype=torch.bfloat16, programmatic_launch=True, bias=None,
-                 residual=False):
+                 residual=False, gated_rows=None):
         self.weight, self.output_dtype, self.programmatic_launch = weight, output_dtype, programmatic_launch
-        self.bias, self.residual = bias, residual
+        self.bias, self.residual, self.gated_rows = bias, residual, gated_rows
         self.policies = policies
         self._validate()
         self.device = weight.device
@@ -399,11 +436,18 @@ class PreparedProjection:
         check_bias(self.bias, self.weight)
         if not isinstance(self.residual, bool):
             raise TypeError(f"residual must be a bool (whether run() takes one), got {self.residual!r}")
+        check_gated_rows(self.gated_rows, self.weight)
+        if self.gated_rows is not None and (self.bias is not None or self.residual):
+            raise ValueError("a gated projection writes silu(gate) * up: it takes no bias or residual")
         policies = {}
         for batch, tactic in dict(self.policies).items():
             if not is_batch(batch):
                 raise ValueError(f"policy batch must be a positive int, got {batch!r}")
             tactic = as_tactic(tactic)
+            problems = gated_problems(tactic) if self.gated_rows is not None else []
+            if problems:
+                raise ValueError(f"policy batch {batch}: {tactic} cannot gate: {'; '.join(problems)} "
+                                 "(policy.policies.gated_tactic gives the nearest that can)")
             m_tiles = tactic.grid_rows(batch)
             if m_tiles > MOST_GRID_ROWS:
                 raise ValueError(f"policy batch {batch} needs {m_tiles} activation tiles of {tactic.activation_rows} "
@@ -431,6 +475,28 @@ class PreparedProjection:
         policies, sources = policies_for(weight, batches, output_dtype=output_dtype, batch_invariant=batch_invariant)
         projection = cls(weight, policies, output_dtype=output_dtype, programmatic_launch=programmatic_launch,
                          bias=bias, residual=residual)
+        projection.policy_sources = sources
+        return projection.prepare()
+
+    @classmethod
+    def gated(cls, gate_weight, up_weight, batches=(1, 2, 4, 8, 16, 32, 64), *, output_dtype=torch.bfloat16,
+              programmatic_launch=True):
+        """A prepared projection whose ``run(x, out)`` writes ``silu(x @ gate^T) * (x @ up^T)`` [M, N], summed in
+        FP32 and rounded once, from one kernel.
+
+        It owns a copy of both weights, interleaved eight rows at a time (``interleave_gate_up``; as many bytes
+        as the two weights, plus up to 7 zero rows each): drop the originals if nothing else needs them. The
+        tactics are the tables' (or the heuristic's) for the interleaved shape where they can gate, else the
+        nearest that can (``policy.policies.gated_tactic``; ``policy_sources`` says "gated" for those).
+        """
+        batches = check_batches(batches, "gated")
+        weight = interleave_gate_up(gate_weight, up_weight)
+        architecture(weight.device)
+        policies, sources = policies_for(weight, batches, output_dtype=output_dtype)
+        gated = {batch: gated_tactic(tactic) for batch, tactic in policies.items()}
+        sources = {batch: source if gated[batch] == policies[batch] else "gated" for batch, source in sources.items()}
+        projection = cls(weight, gated, output_dtype=output_dtype, programmatic_launch=programmatic_launch,
+                         gated_rows=gate_weight.shape[0])
         projection.policy_sources = sources
         return projection.prepare()
 
@@ -469,7 +535,8 @@ class PreparedProjection:
             self._validate()
             self.device = self.weight.device
             arch = architecture(self.device)
-            epilogue = Epilogue(self.residual, None if self.bias is None else self.bias.dtype)
+            epilogue = Epilogue(self.residual, None if self.bias is None else self.bias.dtype,
+                                self.gated_rows is not None)
             kernels = {}
             for batch, tactic in self.policies.items():
                 code = compile_projection(tactic, self.output_dtype, arch, self.weight.dtype, self.programmatic_launch,
@@ -482,7 +549,7 @@ class PreparedProjection:
             bias_view = None if self.bias is None else vector_view(self.bias)
             self._launchable = _Launchable(self.weight, self._storage(self.weight), matrix_view(self.weight),
                                            kernels, extra, self.output_dtype, self.device, epilogue, self.bias,
-                                           bias_view)
+                                           bias_view, self.gated_rows or self.weight.shape[0])
         return self
 
     def _write_maps(self) -> dict:
@@ -579,6 +646,7 @@ class PreparedProjection:
                              "(pass one that does not, or run under torch.no_grad())")
         if out.dtype != launchable.output_dtype:
             raise ValueError(f"projection output dtype {out.dtype} != {launchable.output_dtype}")
+        n = launchable.output_rows
         if tuple(out.shape) != (batch, n):
             raise ValueError(f"projection output must be {(batch, n)}, got {describe(out)}")
         if out.stride(0) < n and batch > 1:

@@ -43,6 +43,7 @@ class Case(NamedTuple):
     output_dtype: torch.dtype = BF16
     bias_dtype: torch.dtype | None = None
     residual: str = "none"
+    gated: bool = False  # N gate rows and N up rows, interleaved (projection.interleave_gate_up)
 
     @property
     def label(self) -> str:
@@ -50,7 +51,8 @@ class Case(NamedTuple):
             f" {str(self.weight_dtype)[6:]}->{str(self.output_dtype)[6:]}"
         bias = f" bias {str(self.bias_dtype)[6:]}" if self.bias_dtype is not None else ""
         residual = f" residual {self.residual}" if self.residual != "none" else ""
-        return f"{self.tactic.label} {self.n}x{self.k} M={self.batch}{dtypes}{bias}{residual}"
+        gated = " gated" if self.gated else ""
+        return f"{self.tactic.label} {self.n}x{self.k} M={self.batch}{dtypes}{bias}{residual}{gated}"
 
     @property
     def epilogue(self) -> str:
@@ -67,7 +69,7 @@ class Case(NamedTuple):
         """The kernel's epilogue (projection.Epilogue): what it adds before rounding."""
         from decode_projection.projection import Epilogue
 
-        return Epilogue(self.residual != "none", self.bias_dtype)
+        return Epilogue(self.residual != "none", self.bias_dtype, self.gated)
 
     @property
     def vector_stores(self) -> bool:
@@ -85,6 +87,11 @@ class Case(NamedTuple):
         """Whether a split rank has no K tiles to consume."""
         t = self.tactic
         return t.split > 1 and any(t.k_slice(self.k, rank).stages == 0 for rank in range(t.split))
+
+    @property
+    def weight_rows(self) -> int:
+        """N of the weight the kernel streams: a gated case's gate and up rows, interleaved in whole groups."""
+        return 2 * ceil_div(self.n, 8) * 8 if self.gated else self.n
 
     @property
     def padded(self) -> bool:
@@ -117,7 +124,7 @@ FEATURES = {
     "activations multicast to 2 weight tiles": lambda c: c.tactic.activation_sharers == 2,
     "activations multicast to 4 weight tiles": lambda c: c.tactic.activation_sharers == 4,
     "weight tiles past N (activation sharers)": lambda c: (
-        c.tactic.grid_columns(c.n) // c.tactic.split > ceil_div(c.n, c.tactic.weight_rows)),
+        c.tactic.grid_columns(c.weight_rows) // c.tactic.split > ceil_div(c.weight_rows, c.tactic.weight_rows)),
     "two column groups": lambda c: c.tactic.column_groups == 2,
     "three consumer warpgroups": lambda c: c.tactic.consumer_groups == 3,
     "four consumer warpgroups": lambda c: c.tactic.consumer_groups == 4,
@@ -173,6 +180,11 @@ FEATURES = {
     "residual apart, FP32 output, split-K reduction": lambda c: (
         c.residual == "apart" and c.output_dtype == FP32 and c.epilogue == "reduction"),
     "residual, last activation tile moved back": lambda c: c.residual != "none" and c.moved_back,
+    "gated, direct stores": lambda c: c.gated and c.epilogue == "direct",
+    "gated, staged": lambda c: c.gated and c.epilogue == "staged",
+    "gated, padded weight tiles": lambda c: c.gated and c.padded,
+    "gated, activations multicast": lambda c: c.gated and c.tactic.activation_sharers > 1,
+    "gated, N not whole groups of 8": lambda c: c.gated and c.n % 8 != 0,
 }
 
 T = SplitKTactic
@@ -259,6 +271,11 @@ CASES = [
     Case(T(96, 64, 1, 4, multicast=3, weight_as_b=True), 300, 1000, 150, weight_dtype=FP16, output_dtype=FP16,
          bias_dtype=FP16, residual="in place"),
     Case(T(192, 8, 2, 4), 400, 1544, 6, residual="in place"),
+    # Gated: silu(gate) * up of gate and up rows interleaved eight at a time; direct stores (a padded 32-row tile,
+    # N not whole groups of 8), staged (a padded 48-row tile, the last activation tile moved back), multicast.
+    Case(T(32, 8, 1, 12, k_boxes=2), 150, 1000, 5, gated=True),
+    Case(T(48, 64, 1, 7, k_boxes=2), 200, 1000, 100, gated=True),
+    Case(T(64, 64, 1, 3, multicast=2), 260, 1000, 64, output_dtype=FP32, gated=True),
 ]
 del T
 
@@ -374,7 +391,8 @@ def host_copy(tensor):
 
 def run_projection(case: Case) -> str:
     """Launch one projection into a NaN-filled output and check it against float64 on the CPU."""
-    from decode_projection.measure.checks import assert_close_to_reference
+    from decode_projection.measure.checks import GatedReference, assert_close_to_reference
+    from decode_projection.projection import interleave_gate_up
 
     weight = torch.randn(case.n, case.k, device="cuda", dtype=case.weight_dtype)
     x = torch.randn(case.batch, case.k, device="cuda", dtype=case.weight_dtype)
@@ -390,6 +408,14 @@ def run_projection(case: Case) -> str:
         addend = torch.zeros(1, case.n, dtype=torch.float64)
         addend = addend + (0 if bias is None else bias.cpu().double()[None, :])
         addend = addend + (0 if residual is None else host_copy(residual).double())
+    if case.gated:
+        up = torch.randn(case.n, case.k, device="cuda", dtype=case.weight_dtype)
+        projection = PreparedProjection(interleave_gate_up(weight, up), {case.batch: case.tactic},
+                                        output_dtype=case.output_dtype, gated_rows=case.n).prepare()
+        projection.run(x, out)
+        torch.cuda.synchronize()
+        error = GatedReference(x.cpu(), weight.cpu(), up.cpu(), case.output_dtype).check(out.cpu(), case.label)
+        return f"relative error {error:.2e}"
     projection = PreparedProjection(weight, {case.batch: case.tactic}, output_dtype=case.output_dtype, bias=bias,
                                     residual=case.residual != "none").prepare()
     projection.run(x, out, residual=residual)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from decode_projection.measure.checks import Reference
+from decode_projection.measure.checks import GatedReference, Reference
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -60,3 +60,15 @@ def test_a_truncating_fp32_accumulation_passes(k, split):
     reference = Reference(x, weight, torch.float32)
     ours = truncating_tensor_core_product(x, weight, split)
     assert reference.check(ours) > 2 * reference.torch_error  # the allowance, not PyTorch's error, lets it pass
+
+
+def test_the_gated_reference_passes_one_rounding_and_fails_the_wrong_pairing():
+    torch.manual_seed(0)
+    x, gate, up = (torch.randn(rows, 256).bfloat16() for rows in (8, 64, 64))
+    reference = GatedReference(x, gate, up, torch.bfloat16)
+    right = (reference.value.float()).bfloat16()  # silu(g) * u in float64, rounded once
+    assert reference.check(right, "rounded once") <= reference.bound
+    with pytest.raises(AssertionError, match=r"worst element out\[\d+, \d+\]"):
+        reference.check(GatedReference(x, up, gate, torch.bfloat16).value.bfloat16(), "gate and up swapped")
+    with pytest.raises(AssertionError):
+        reference.check(torch.nn.functional.silu(x.double() @ gate.double().T).bfloat16(), "up missing")

@@ -1,12 +1,14 @@
-"""GPU tests of the epilogues: bias and residual summed in FP32 before the one rounding, on every store path."""
+"""GPU tests of the epilogues: bias and residual summed in FP32 before the one rounding on every store path, and
+silu(gate) * up of gated projections."""
 
 import pytest
 import torch
 
 from decode_projection import PreparedProjection, SplitKTactic
-from decode_projection.measure.checks import assert_close_to_reference
+from decode_projection.measure.checks import GatedReference, assert_close_to_reference
+from decode_projection.projection import interleave_gate_up
 
-from .tactic_grid import EPILOGUE_CASES, EPILOGUE_PATHS, tactic_id
+from .tactic_grid import EPILOGUE_CASES, EPILOGUE_PATHS, GATED_PATHS, tactic_id
 
 pytestmark = pytest.mark.gpu
 
@@ -118,3 +120,31 @@ def test_a_layer_with_bias_adds_it_in_the_kernel():
         assert out.dtype == dtype and not layer.fallbacks
         assert layer.prepared.bias is not None  # fused, not added after the kernel
         assert_close_to_reference(out, x, layer.weight, addend=layer.bias.double()[None, :], label=f"layer {dtype}")
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("tactic", GATED_PATHS, ids=tactic_id)
+def test_every_gated_path_writes_silu_of_gate_times_up(tactic, out_dtype):
+    rows, acts = tactic.weight_rows, tactic.activation_rows
+    # N not a multiple of 8 (a padded last group), N past a tile; a batch under one tile, one over two.
+    for n, k, batch in [(rows + 12, 1000, max(1, acts - 3)), (rows // 2 + 3, 520, 2 * acts + 5)]:
+        gate, up = (torch.randn(n, k, device="cuda").to(torch.bfloat16) for _ in range(2))
+        x = torch.randn(batch, k, device="cuda").to(torch.bfloat16)
+        projection = PreparedProjection(interleave_gate_up(gate, up), {batch: tactic}, output_dtype=out_dtype,
+                                        gated_rows=n).prepare()
+        out, _ = run_epilogue(projection, x, n, out_dtype, "none")
+        GatedReference(x, gate, up, out_dtype).check(out, f"gated {tactic} N={n} K={k} M={batch} {out_dtype}")
+        again, _ = run_epilogue(projection, x, n, out_dtype, "none")
+        assert torch.equal(again, out), f"gated {tactic}: not repeatable"
+
+
+@pytest.mark.parametrize("n", [1536, 4224])  # the shared expert's and the dense MLP's gate/up halves
+def test_gated_kimi_pairs_with_the_tables_tactics(n):
+    k, batches = 7168, (1, 8, 64, 256)
+    gate, up = (torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.25 for _ in range(2))
+    projection = PreparedProjection.gated(gate, up, batches)
+    for batch in batches:
+        x = torch.randn(batch, k, device="cuda", dtype=torch.bfloat16)
+        out, _ = run_epilogue(projection, x, n, torch.bfloat16, "none")
+        GatedReference(x, gate, up, torch.bfloat16).check(out, f"gated {n}x{k} M={batch} "
+                                                               f"{projection.policies[batch]}")

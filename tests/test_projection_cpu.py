@@ -22,7 +22,7 @@ from decode_projection.policy.tables import shipped_tables
 from decode_projection.policy.workload import DECODE_BATCHES, KIMI_K3_SHAPES
 from decode_projection.runtime.sass import kernel_report
 
-from .tactic_grid import EPILOGUE_CASES, EPILOGUE_PATHS, GRID, code_path, tactic_id
+from .tactic_grid import EPILOGUE_CASES, EPILOGUE_PATHS, GATED_PATHS, GRID, code_path, tactic_id
 
 TACTIC = SplitKTactic(64, 8, 2, 4)
 
@@ -754,3 +754,67 @@ def test_an_epilogue_is_a_kernel_of_its_own():
         compile_projection(TACTIC, torch.bfloat16, "sm_90a", epilogue=("residual",))
     with pytest.raises(ValueError, match="bias dtype"):
         compile_projection(TACTIC, torch.bfloat16, "sm_90a", epilogue=Epilogue(bias_dtype=torch.int8))
+
+
+def test_gate_and_up_interleave_eight_rows_at_a_time():
+    gate = torch.arange(20 * 8, dtype=torch.bfloat16).view(20, 8)
+    up = -1 - gate
+    weight = projection.interleave_gate_up(gate, up)
+    assert weight.shape == (48, 8)  # three groups of 8 gate and 8 up rows, the last padded with zeros
+    for group in range(3):
+        rows = range(group * 8, min(group * 8 + 8, 20))
+        assert torch.equal(weight[group * 16 : group * 16 + len(rows)], gate[rows.start : rows.stop])
+        assert torch.equal(weight[group * 16 + 8 : group * 16 + 8 + len(rows)], up[rows.start : rows.stop])
+    assert not weight[36:40].any() and not weight[44:48].any()
+    with pytest.raises(ValueError, match="gate and up weights must match"):
+        projection.interleave_gate_up(gate, up[:16])
+    with pytest.raises(ValueError, match="torch.float32"):
+        projection.interleave_gate_up(gate.float(), up.float())
+
+
+def test_a_gated_projection_says_what_it_cannot_take(monkeypatch):
+    pretend_hopper(monkeypatch)
+    gate, up = torch.randn(40, 512, dtype=torch.bfloat16), torch.randn(40, 512, dtype=torch.bfloat16)
+    weight = projection.interleave_gate_up(gate, up)  # 80 rows
+    tactic = SplitKTactic(64, 8, 1, 6)
+    with pytest.raises(ValueError, match="a gated weight of 41 gate rows interleaves 96 rows"):
+        PreparedProjection(weight, {1: tactic}, gated_rows=41)
+    with pytest.raises(TypeError, match="gated_rows must be a positive int"):
+        PreparedProjection(weight, {1: tactic}, gated_rows=True)
+    with pytest.raises(ValueError, match="takes no bias or residual"):
+        PreparedProjection(weight, {1: tactic}, gated_rows=40, residual=True)
+    for cannot, reason in [(SplitKTactic(64, 8, 2, 6), "split or folded"),
+                           (SplitKTactic(24, 8, 1, 6, k_boxes=2, fold=2), "split or folded"),
+                           (SplitKTactic(56, 8, 1, 6), "not whole groups of 16"),
+                           (SplitKTactic(64, 128, 1, 4, weight_as_b=True), "weight as B")]:
+        with pytest.raises(ValueError, match=f"policy batch 1: .* cannot gate: .*{reason}"):
+            PreparedProjection(weight, {1: cannot}, gated_rows=40)
+    gated = PreparedProjection(weight, {4: tactic}, gated_rows=40).prepare()
+    x = torch.randn(4, 512, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"output must be \(4, 40\)"):
+        gated.run(x, torch.empty(4, 80, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="prepared without a residual"):
+        gated.run(x, torch.empty(4, 40, dtype=torch.bfloat16), residual=torch.empty(4, 40, dtype=torch.bfloat16))
+
+
+def test_the_nearest_gated_tactic_keeps_what_it_can():
+    from decode_projection.kernel.tactic import gated_problems
+    from decode_projection.policy.policies import gated_tactic
+
+    assert gated_tactic(SplitKTactic(64, 8, 1, 6, k_boxes=4)) == SplitKTactic(64, 8, 1, 6, k_boxes=4)
+    for tactic in [SplitKTactic(24, 8, 1, 11, k_boxes=2, fold=2), SplitKTactic(128, 64, 4, 4, k_boxes=2),
+                   SplitKTactic(48, 128, 1, 10, multicast=2, weight_as_b=True), SplitKTactic(56, 16, 1, 6)]:
+        nearest = gated_tactic(tactic)
+        assert not gated_problems(nearest) and nearest.valid
+        assert nearest.activation_rows == tactic.activation_rows and nearest.weight_rows % 16 == 0
+        assert nearest.stages == max_stages(nearest.weight_rows, nearest.activation_rows, 1, nearest.k_boxes)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tactic", GATED_PATHS, ids=tactic_id)
+def test_every_gated_tactic_compiles_with_its_exponentials(tactic):
+    for output_dtype in (torch.bfloat16, torch.float32):
+        report = kernel_report(compile_projection(tactic, output_dtype, "sm_90a", epilogue=Epilogue(gated=True)))
+        assert report.hgmma > 0 and report.spills == 0 and report.local_bytes == 0
+        assert not report.wgmma_serialized, "ptxas serialized the wgmmas (C7514)"
+        assert "MUFU.EX2" in report.sass, "no exponential: the gated epilogue is not in the kernel"

@@ -91,7 +91,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.experimental.primitives import nvvm_wrapper as nvvm
 
 from ..runtime.sm90 import WGMMA_ROWS
-from .tactic import BOX_K, PRODUCER_REGISTERS, SplitKTactic, as_tactic
+from .tactic import BOX_K, PRODUCER_REGISTERS, SplitKTactic, as_tactic, gated_problems
 
 # TMA L2 cache-policy descriptors (createpolicy.fractional, fraction 1.0).
 EVICT_FIRST = 0x12F0000000000000
@@ -149,8 +149,14 @@ class SplitKGemm:
     the output needs only unit stride along N.
     """
 
-    def __init__(self, tactic: SplitKTactic, programmatic_launch: bool = True):
+    def __init__(self, tactic: SplitKTactic, programmatic_launch: bool = True, gated: bool = False):
         self.tactic = as_tactic(tactic)
+        # Gated: the weight interleaves gate and up rows eight at a time (interleave_gate_up), and the output
+        # row (n // 16) * 8 + n % 8 of each tile is silu(gate) * up of its rows n and n + 8.
+        problems = gated_problems(self.tactic) if gated else []
+        if problems:
+            raise ValueError(f"tactic {self.tactic} cannot gate: {'; '.join(problems)}")
+        self.gated = gated
         # With programmatic dependent launch the weight streams while the previous kernel finishes
         # (1.2-1.5 us saved back to back on the H200); after a kernel that never triggers its
         # dependents, as torch's do not, the launch attribute cost 0.14-0.53 us (docs/programmatic-launch.md).
@@ -436,6 +442,14 @@ class SplitKGemm:
             self.store_folded(acc, coords, storage, out, residual, bias, row0, col0, repeated)
         elif cutlass.const_expr(self.stages_output(out.element_type)):
             self.store_staged(acc, coords, storage, out, residual, bias, row0, col0, repeated)
+        elif cutlass.const_expr(self.gated):
+            for r in cutlass.range_constexpr(cute.size(acc)):
+                if cutlass.const_expr(r // 2 % 2 == 0):  # a gate row: its up row is 8 rows below, acc[r + 2]
+                    n, m = coords[r]
+                    out_n = n // 16 * 8 + n % 8
+                    if n < t.weight_rows and row0 // 2 + out_n < rows and col0 + m < cols and m >= repeated:
+                        value = self.gate(acc[r], acc[r + 2])
+                        self.store_kept_in_l2(out, row0 // 2 + out_n, col0 + m, value.to(out.element_type))
         elif cutlass.const_expr(t.split == 1):
             for r in cutlass.range_constexpr(cute.size(acc)):
                 n, m = self.output_index(coords[r])
@@ -521,6 +535,11 @@ class SplitKGemm:
             value = value + residual[(row, col, 0)].to(cutlass.Float32)
         return value
 
+    @cute.jit
+    def gate(self, gate, up):
+        """silu(gate) * up in FP32: gate / (1 + exp(-gate)) * up."""
+        return gate / (cutlass.Float32(1.0) + cute.math.exp(-gate)) * up
+
     def stages_output(self, out_type) -> bool:
         """Whether the epilogue stages the output tile in shared memory (SplitKGemm.store_staged): unsplit
         tactics with 16-bit outputs and at least STAGED_STORE_ROWS activation rows."""
@@ -542,15 +561,22 @@ class SplitKGemm:
         # elements so that a warp's staging stores fall on distinct banks.
         t = self.tactic
         tidx, _, _ = cute.arch.thread_idx()
-        pitch = t.weight_smem_rows + STAGING_PAD
+        # The tile's output rows: a gated tile's are half its weight rows.
+        smem_rows, tile_rows = t.weight_smem_rows, t.weight_rows
+        if cutlass.const_expr(self.gated):
+            smem_rows, tile_rows, row0 = smem_rows // 2, tile_rows // 2, row0 // 2
+        pitch = smem_rows + STAGING_PAD
         # The pipeline buffers, weight tiles then activation tiles, one contiguous span (as in the reduction).
         base = cute.recast_ptr(storage.weight_tiles.data_ptr(), dtype=out.element_type)
-        staging = cute.make_tensor(base, cute.make_layout((t.weight_smem_rows, t.activation_rows), stride=(1, pitch)))
+        staging = cute.make_tensor(base, cute.make_layout((smem_rows, t.activation_rows), stride=(1, pitch)))
         # Every warpgroup's wgmmas must be done reading the drained tiles before any overwrites them.
         cute.arch.barrier(barrier_id=STAGING_BARRIER, number_of_threads=self.consumer_threads)
         for r in cutlass.range_constexpr(cute.size(acc)):
             n, m = self.output_index(coords[r])
-            if cutlass.const_expr(residual is None and bias is None):
+            if cutlass.const_expr(self.gated):
+                if cutlass.const_expr(r // 2 % 2 == 0):  # a gate row and, 8 rows below, its up row
+                    staging[n // 16 * 8 + n % 8, m] = self.gate(acc[r], acc[r + 2]).to(out.element_type)
+            elif cutlass.const_expr(residual is None and bias is None):
                 staging[n, m] = acc[r].to(out.element_type)
             else:
                 # Staged are the finished, rounded outputs; those this tile does not store read nothing.
@@ -565,14 +591,14 @@ class SplitKGemm:
         address = out.iterator.toint()
         # 16-byte stores need a 16-byte aligned base and row pitch (a single row's pitch is never used).
         vectors = address % 16 == 0 and (pitch_out % VECTOR == 0 or cols == 1)
-        chunks_per_row = t.weight_smem_rows // VECTOR
+        chunks_per_row = smem_rows // VECTOR
         chunks = t.activation_rows * chunks_per_row
         for i in cutlass.range_constexpr(math.ceil(chunks / self.consumer_threads)):
             chunk = tidx + i * self.consumer_threads
             m, n = chunk // chunks_per_row, chunk % chunks_per_row * VECTOR
             # ``stores``'s mask with its row test made per vector below, written out (calling it changed the SASS);
             # chunks past the last hold no output. The guarded outputs of tests/test_gpu.py check every store path.
-            if chunk < chunks and n < t.weight_rows and col0 + m < cols and m >= repeated:
+            if chunk < chunks and n < tile_rows and col0 + m < cols and m >= repeated:
                 if vectors and row0 + n + VECTOR <= rows:
                     source = cute.make_ptr(out.element_type, base.toint() + (m * pitch + n) * 2,
                                            cute.AddressSpace.smem, assumed_align=16)

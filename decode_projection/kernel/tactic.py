@@ -450,3 +450,22 @@ def max_stages(weight_rows: int, activation_rows: int, split: int, k_boxes: int 
     """The deepest pipeline that fits in shared memory (``weight_as_b``: the weight tile is not padded)."""
     probe = SplitKTactic(weight_rows, activation_rows, split, 1, k_boxes=k_boxes, weight_as_b=weight_as_b, fold=fold)
     return (SMEM_CAPACITY - BARRIER_BYTES) // probe.stage_bytes
+
+
+# A gated weight interleaves 8 gate rows and their 8 up rows: wgmma gives each thread the sums of rows r and r + 8
+# of its warp's 16 (the accumulator's second mode), so gate and up of one output meet in one thread.
+GATE_GROUP_ROWS = 16
+
+
+def gated_problems(tactic: SplitKTactic) -> list[str]:
+    """Why ``tactic`` cannot run a gated projection (SplitKGemm's ``gated``), if it cannot: each thread must hold a
+    gate row's sums and, eight rows below, its up row's, whole (the weight as A, unsplit, unfolded), in tiles of
+    whole 16-row interleave groups."""
+    problems = []
+    if tactic.weight_as_b:
+        problems.append("the weight as B spreads a weight row over threads")
+    if tactic.split > 1 or tactic.fold > 1:
+        problems.append("split or folded K sums each row's partials apart")
+    if tactic.weight_rows % GATE_GROUP_ROWS:
+        problems.append(f"weight rows {tactic.weight_rows} are not whole groups of {GATE_GROUP_ROWS}")
+    return problems

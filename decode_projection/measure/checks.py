@@ -60,8 +60,12 @@ class Reference:
         else:
             self.value = self.value + addend.double()
             theirs = (torch_product(x, weight, torch.float32) + addend.float()).to(out_dtype)
+        self.set_bounds(theirs, x.shape[1])
+
+    def set_bounds(self, theirs, k):
+        """The bounds PyTorch's ``theirs`` sets on ``self.value``, with the allowance for summing ``k`` products."""
         self.torch_error = relative_error(theirs, self.value)
-        allowance = accumulation_allowance(x.shape[1])
+        allowance = accumulation_allowance(k)
         self.bound = 2.0 * self.torch_error + max(1e-6, allowance)
         self.torch_worst = largest_error(theirs, self.value)
         self.element_bound = 2.0 * self.torch_worst + max(1e-5, allowance) * self.value.abs().max().item()
@@ -77,6 +81,17 @@ class Reference:
                 f"{self.torch_worst:.3g}); worst element out[{row}, {col}] = {got} vs {want}"
             )
         return ours
+
+
+class GatedReference(Reference):
+    """float64 ``silu(x @ gate^T) * (x @ up^T)`` and the bounds PyTorch sets: ``F.silu`` of its FP32 gate product
+    times its FP32 up product, rounded once."""
+
+    def __init__(self, x, gate, up, out_dtype):
+        gated, upped = x.double() @ gate.double().T, x.double() @ up.double().T
+        self.value = gated * torch.sigmoid(gated) * upped
+        products = torch_product(x, gate, torch.float32), torch_product(x, up, torch.float32)
+        self.set_bounds((torch.nn.functional.silu(products[0]) * products[1]).to(out_dtype), x.shape[1])
 
 
 def assert_close_to_reference(out, x, weight, *, label="", addend=None):

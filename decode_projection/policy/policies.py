@@ -19,8 +19,8 @@ import math
 from dataclasses import replace
 
 from ..kernel.tactic import (
-    ACTIVATION_ROWS, ACTIVATION_ROWS_AS_A, BOX_K, K_BOXES, WEIGHT_ROWS, WEIGHT_ROWS_AS_B, SplitKTactic, as_tactic,
-    max_stages, resident_ctas,
+    ACTIVATION_ROWS, ACTIVATION_ROWS_AS_A, BOX_K, GATE_GROUP_ROWS, K_BOXES, WEIGHT_ROWS, WEIGHT_ROWS_AS_B,
+    SplitKTactic, as_tactic, gated_problems, max_stages, resident_ctas,
 )
 from ..runtime.gpu import H200, GpuSpec
 from ..runtime.sm90 import WGMMA_ROWS
@@ -303,3 +303,19 @@ def resolve_policies(n, k, batches, *, gpu: GpuSpec, weight_dtype, output_dtype,
         if b not in tuned
     }
     return {**guessed, **tuned}, {b: "table" if b in tuned else "heuristic" for b in batches}
+
+
+def gated_tactic(tactic: SplitKTactic) -> SplitKTactic:
+    """``tactic`` where it can run a gated projection (kernel.tactic.gated_problems), else the nearest that can: the
+    weight as A, unsplit and unfolded, its tile rounded up to whole 16-row gate groups (64 rows for a weight-as-B
+    tactic), its activation tile and K boxes kept where they fit, as many stages as fit."""
+    if not gated_problems(tactic):
+        return tactic
+    rows = WGMMA_ROWS if tactic.weight_as_b else math.ceil(tactic.weight_rows / GATE_GROUP_ROWS) * GATE_GROUP_ROWS
+    rows = min(rows, WEIGHT_ROWS[-1])
+    for boxes in dict.fromkeys((tactic.k_boxes, 1)):
+        nearest = SplitKTactic(rows, tactic.activation_rows, 1, max_stages(rows, tactic.activation_rows, 1, boxes),
+                               k_boxes=boxes)
+        if nearest.valid:
+            return as_tactic(nearest)
+    raise ValueError(f"no gated tactic near {tactic}")
