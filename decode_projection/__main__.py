@@ -112,13 +112,15 @@ def bench(args):
 
 def bench_epilogues(args):
     """Time each fused epilogue next to the projection and the PyTorch op it replaces (measure/epilogue_bench.py)."""
-    from .measure.epilogue_bench import bench_epilogues as run, epilogue_records, epilogue_table
+    from .measure.epilogue_bench import DEFAULT_SHAPES, bench_epilogues as run, epilogue_records, epilogue_table
 
     if not hopper_available():
         print("The epilogue benchmark needs a Hopper GPU (H100/H200).", file=sys.stderr)
         return 2
-    cells = run(args.shape, args.batches, args.epilogue, contexts=args.context, weight_dtype=DTYPES[args.dtype],
-                output_dtype=DTYPES[args.out_dtype])
+    cells = []
+    for epilogue in args.epilogue:
+        cells += run(args.shape or DEFAULT_SHAPES[epilogue], args.batches, [epilogue], contexts=args.context,
+                     weight_dtype=DTYPES[args.dtype], output_dtype=DTYPES[args.out_dtype])
     print(f"{torch.cuda.get_device_name()}, {datetime.date.today().isoformat()}; cold L2, CUDA-graph replay, "
           "medians; a residual of its own row pitch, a bias of the output's dtype")
     print(epilogue_table(cells))
@@ -225,9 +227,10 @@ def main(argv=None):
                                 "elementwise kernel) (default: all three)")
     run_bench.add_argument("--isolated", action="store_true", help="the same as --context glue")
     run_bench.add_argument("--epilogue", type=epilogue_list,
-                           help="time fused epilogues instead, comma-separated: residual, bias (each next to the "
-                                "projection alone, the projection then the PyTorch op, and torch.addmm; default "
-                                "shapes: the Kimi-K3 projections that join the residual stream)")
+                           help="time fused epilogues instead, comma-separated: residual, bias, silu-mul (each "
+                                "next to the projection alone, the projection then the op, and PyTorch's own form; "
+                                "default shapes: the Kimi-K3 projections that join the residual stream, and the "
+                                "gate/up halves for silu-mul, whose --shape is one half)")
     run_bench.add_argument("--launch", default="programmatic",
                            help="comma-separated: programmatic (with programmatic dependent launch), plain "
                                 "(programmatic_launch=False; cells labelled <policy>/plain) (default: %(default)s)")
@@ -306,11 +309,8 @@ def main(argv=None):
             parser.error(f"{flag}: is a directory")
         if path and not os.access(Path(path).resolve().parent, os.W_OK):
             parser.error(f"{flag}: its directory is not writable")
-    if args.command == "bench" and args.epilogue and not args.shape:
-        from .measure.epilogue_bench import RESIDUAL_SHAPES
-
-        args.shape = list(RESIDUAL_SHAPES)
-    args.shape = args.shape or list(KIMI_K3_SHAPES)
+    if not (args.command == "bench" and args.epilogue):  # the epilogues have shapes of their own
+        args.shape = args.shape or list(KIMI_K3_SHAPES)
     if args.command == "tune" and args.invariant_order:
         if not args.batch_invariant_out:
             parser.error("--invariant-order pins the batch-invariant table's order: give --batch-invariant-out")

@@ -23,7 +23,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .projection import OUTPUT_DTYPES, WEIGHT_DTYPES, PreparedProjection, check_batches, check_weight, policies_for
+from .kernel.tactic import GATE_GROUP_ROWS
+from .policy.policies import gated_tactic
+from .projection import (
+    OUTPUT_DTYPES, WEIGHT_DTYPES, PreparedProjection, check_batches, check_weight, interleave_gate_up, policies_for,
+)
 from .runtime import architecture
 
 logger = logging.getLogger(__name__)
@@ -53,9 +57,9 @@ def registered_layer(handle: int) -> "ProjectionLinear":
 
 @torch.library.custom_op("decode_projection::project", mutates_args=())
 def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, handle: int,
-            out_dtype: torch.dtype) -> torch.Tensor:
-    """``x @ weight^T + bias`` through the prepared projection ``handle`` (its epilogue adds the bias), else
-    ``F.linear``."""
+            out_dtype: torch.dtype, out_features: int) -> torch.Tensor:
+    """``x @ weight^T + bias`` through the prepared projection ``handle`` (its epilogue adds the bias), or for a
+    gated layer ``silu(gate) * up`` of its interleaved weight (``out_features`` gate rows); else ``F.linear``."""
     layer = registered_layer(handle)
     rows = x.reshape(-1, x.shape[-1])
     prepared = layer.prepared
@@ -72,18 +76,18 @@ def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ha
         else:
             layer.fall_back("batch without a tactic",
                             lambda: f"batch {rows.shape[0]} has no tactic (prepared batches {sorted(held)})")
-        return F.linear(x, weight, bias).to(out_dtype)
+        return layer.linear(x, weight, bias).to(out_dtype)
     if not layer._launched:  # nn.Module attribute stores are slow: once per projection
         layer._launched = True
     pitch = rows.stride(0) * rows.element_size()
     if rows.stride(1) != 1 or rows.data_ptr() % 16 or (rows.shape[0] > 1 and (pitch % 16 or rows.stride(0) < rows.shape[1])):
         rows = rows.clone(memory_format=torch.contiguous_format)  # TMA wants dense, 16-byte aligned rows
-    out = torch.empty(rows.shape[0], weight.shape[0], device=x.device, dtype=out_dtype)
+    out = torch.empty(rows.shape[0], out_features, device=x.device, dtype=out_dtype)
     if rows.shape[0] in held:
         prepared.run(rows, out)
     else:
         run_in_held_batches(prepared, rows, out)
-    return out.reshape(*x.shape[:-1], weight.shape[0])
+    return out.reshape(*x.shape[:-1], out_features)
 
 
 def run_in_held_batches(prepared, rows, out):
@@ -102,8 +106,15 @@ def run_in_held_batches(prepared, rows, out):
 
 
 @project.register_fake
-def _(x, weight, bias, handle, out_dtype):
-    return x.new_empty(*x.shape[:-1], weight.shape[0], dtype=out_dtype)
+def _(x, weight, bias, handle, out_dtype, out_features):
+    return x.new_empty(*x.shape[:-1], out_features, dtype=out_dtype)
+
+
+def gated_linear(x, weight, out_features):
+    """``silu(x @ gate^T) * (x @ up^T)`` of a gate/up interleaved ``weight`` (projection.interleave_gate_up) with
+    ``F.linear``, in the weight's dtype, as the two ``nn.Linear``s and ``F.silu(g) * u`` would compute it."""
+    both = F.linear(x, weight).unflatten(-1, (-1, 2, GATE_GROUP_ROWS // 2))
+    return (F.silu(both[..., 0, :]) * both[..., 1, :]).flatten(-2)[..., :out_features]
 
 
 def check_arguments(weight, bias, batches, output_dtype, batch_invariant, programmatic_launch):
@@ -152,9 +163,12 @@ class ProjectionLinear(nn.Module):
     """
 
     def __init__(self, weight, bias=None, *, batches=(1, 2, 4, 8, 16, 32, 64), output_dtype=None,
-                 batch_invariant=False, programmatic_launch=True):
+                 batch_invariant=False, programmatic_launch=True, gated_rows=None):
         super().__init__()
         check_arguments(weight, bias, batches, output_dtype, batch_invariant, programmatic_launch)
+        if gated_rows is not None and (bias is not None or batch_invariant):
+            raise ValueError("a gated ProjectionLinear takes no bias and keeps no batch-invariant order")
+        self.gated_rows = gated_rows  # N of a gate/up pair the weight interleaves (ProjectionLinear.gated), or None
         self.weight = nn.Parameter(weight.detach(), requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         self.batches = tuple(batches)
@@ -183,6 +197,7 @@ class ProjectionLinear(nn.Module):
 
     def __setstate__(self, state):
         state.setdefault("requested_output_dtype", state["output_dtype"])  # pickled before it was kept apart
+        state.setdefault("gated_rows", None)  # pickled before gated layers
         self.__dict__.update(state)
         self._launched, self._warned_fallback = False, False  # a new layer, whose kernel never ran
         self._register()
@@ -192,6 +207,24 @@ class ProjectionLinear(nn.Module):
     def from_linear(cls, linear: nn.Linear, **options):
         """A ProjectionLinear holding ``linear``'s weight and bias."""
         return cls(linear.weight, linear.bias, **options)
+
+    @classmethod
+    def gated(cls, gate: nn.Linear, up: nn.Linear, **options):
+        """A ProjectionLinear computing ``silu(gate(x)) * up(x)`` in one kernel, from a copy of both weights
+        interleaved eight rows at a time (PreparedProjection.gated); bias-free layers only."""
+        if gate.bias is not None or up.bias is not None:
+            raise ValueError("ProjectionLinear.gated takes gate and up layers without a bias")
+        weight = interleave_gate_up(gate.weight.detach(), up.weight.detach())
+        return cls(weight, gated_rows=gate.out_features, **options)
+
+    @property
+    def out_features(self) -> int:
+        """N of the output: the weight's rows, or a gated layer's gate rows."""
+        return self.gated_rows or self.weight.shape[0]
+
+    def linear(self, x, weight, bias):
+        """What the layer computes, with ``F.linear`` (fallbacks)."""
+        return F.linear(x, weight, bias) if self.gated_rows is None else gated_linear(x, weight, self.gated_rows)
 
     def prepare(self):
         """(Re)build the prepared projection for the weight as it is now; CPU or unsupported: none.
@@ -215,6 +248,8 @@ class ProjectionLinear(nn.Module):
         # every layer quietly computing with F.linear would hide it.
         policies, _ = policies_for(weight, self.batches, output_dtype=self.output_dtype,
                                    batch_invariant=self.batch_invariant)
+        if self.gated_rows is not None:
+            policies = {batch: gated_tactic(tactic) for batch, tactic in policies.items()}
         bias = None if self.bias is None else self.bias.data
         current = self.prepared
         try:
@@ -225,7 +260,7 @@ class ProjectionLinear(nn.Module):
             else:
                 self._replace_projection(PreparedProjection(weight, policies, output_dtype=self.output_dtype,
                                                             programmatic_launch=self.programmatic_launch,
-                                                            bias=bias).prepare())
+                                                            bias=bias, gated_rows=self.gated_rows).prepare())
         except ValueError as error:
             # Also refuses a second GPU in one process (projection._claim_device): that layer falls back.
             self._replace_projection(None)
@@ -252,9 +287,9 @@ class ProjectionLinear(nn.Module):
         self.fallbacks[reason] += 1
         if not torch.compiler.is_compiling() and not self._warned_fallback:
             self._warned_fallback = True
-            n, k = self.weight.shape
             logger.warning("ProjectionLinear(in_features=%d, out_features=%d) computes with F.linear: %s (%s; "
-                           "counted in .fallbacks, logged once per layer)", k, n, reason, describe())
+                           "counted in .fallbacks, logged once per layer)", self.weight.shape[1], self.out_features,
+                           reason, describe())
 
     def _apply(self, fn, *args, **kwargs):
         """Moving or casting the module re-prepares the projection for the new weight; a cast takes a default
@@ -278,10 +313,11 @@ class ProjectionLinear(nn.Module):
             self.fall_back("unsupported device or dtype", lambda: self.unsupported or (
                 f"weight {weight.dtype} on {weight.device}, input {x.dtype} on {x.device}; the kernel takes BF16/FP16 "
                 "on a Hopper GPU, the input as the weight"))
-            return F.linear(x, self.weight, self.bias).to(self.output_dtype)
-        return project(x, self.weight, self.bias, self.handle, self.output_dtype)
+            return self.linear(x, self.weight, self.bias).to(self.output_dtype)
+        return project(x, self.weight, self.bias, self.handle, self.output_dtype, self.out_features)
 
     def extra_repr(self):
         """Shape, prepared batches and bias, for ``repr``."""
-        n, k = self.weight.shape
-        return f"in_features={k}, out_features={n}, batches={self.batches}, bias={self.bias is not None}"
+        gated = ", gated" if self.gated_rows is not None else ""
+        return (f"in_features={self.weight.shape[1]}, out_features={self.out_features}, batches={self.batches}, "
+                f"bias={self.bias is not None}{gated}")

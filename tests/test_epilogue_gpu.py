@@ -99,12 +99,13 @@ def test_fp16_weights_write_fp16_outputs():
 def test_the_epilogue_benchmark_times_every_provider():
     from decode_projection.measure.epilogue_bench import bench_epilogues, epilogue_table
 
-    cells = bench_epilogues([(2048, 1536)], [1, 64], ["residual", "bias"], contexts=["chain", "glue"])
-    assert len(cells) == 2 * 2 * 2
+    epilogues = ["residual", "bias", "silu-mul"]
+    cells = bench_epilogues([(2048, 1536)], [1, 64], epilogues, contexts=["chain", "glue"])
+    assert len(cells) == 2 * len(epilogues) * 2
     for cell in cells:
         assert 0 < cell.plain_us < 1000 and 0 < cell.fused_us < 1000 and 0 < cell.separate_us < 1000
-        assert (cell.addmm_us is None) == (cell.epilogue == "bias")
-    assert "2048 x 1536, residual (us)" in epilogue_table(cells)
+        assert (cell.torch_us is None) == (cell.epilogue == "bias")
+    assert "2048 x 1536, silu-mul (us)" in epilogue_table(cells)
 
 
 def test_a_layer_with_bias_adds_it_in_the_kernel():
@@ -148,3 +149,24 @@ def test_gated_kimi_pairs_with_the_tables_tactics(n):
         out, _ = run_epilogue(projection, x, n, torch.bfloat16, "none")
         GatedReference(x, gate, up, torch.bfloat16).check(out, f"gated {n}x{k} M={batch} "
                                                                f"{projection.policies[batch]}")
+
+
+def test_a_gated_layer_runs_the_kernel_compiled_and_captured():
+    from torch import nn
+
+    from decode_projection.layer import ProjectionLinear
+
+    gate, up = (nn.Linear(1536, 1000, bias=False, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    layer = ProjectionLinear.gated(gate, up, batches=(1, 8))
+    x = torch.randn(8, 1536, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        eager = layer(x)
+        assert eager.shape == (8, 1000) and not layer.fallbacks
+        GatedReference(x, gate.weight, up.weight, torch.bfloat16).check(eager, "gated layer")
+        assert torch.equal(torch.compile(layer, fullgraph=True)(x), eager)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = layer(x)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, eager) and not layer.fallbacks

@@ -5,6 +5,7 @@ import logging
 import warnings
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from decode_projection import projection
@@ -15,14 +16,14 @@ def test_fake_implementation_gives_shape_and_dtype():
     layer = ProjectionLinear(torch.randn(48, 64, dtype=torch.bfloat16))
     x = torch.empty(3, 5, 64, device="meta", dtype=torch.bfloat16)
     weight = torch.empty(48, 64, device="meta", dtype=torch.bfloat16)
-    out = project(x, weight, None, layer.handle, torch.float32)
+    out = project(x, weight, None, layer.handle, torch.float32, 48)
     assert out.shape == (3, 5, 48) and out.dtype == torch.float32 and out.device.type == "meta"
 
 
 def test_opcheck_on_the_fallback_path():
     layer = ProjectionLinear(torch.randn(48, 64, dtype=torch.bfloat16))
     x = torch.randn(4, 64, dtype=torch.bfloat16)
-    torch.library.opcheck(project, (x, layer.weight, None, layer.handle, torch.bfloat16),
+    torch.library.opcheck(project, (x, layer.weight, None, layer.handle, torch.bfloat16, 48),
                           test_utils=("test_schema", "test_faketensor"))
 
 
@@ -263,7 +264,7 @@ def test_a_stale_handle_says_so():
     del layer
     gc.collect()
     with pytest.raises(ValueError, match=f"handle {handle} names no live ProjectionLinear"):
-        project(x, weight, None, handle, torch.bfloat16)
+        project(x, weight, None, handle, torch.bfloat16, weight.shape[0])
 
 
 def test_batches_are_positive_ints_and_at_least_one():
@@ -282,3 +283,21 @@ def test_a_compiled_fallback_still_traces_whole_and_counts():
     for _ in range(2):
         torch.testing.assert_close(compiled(x), x @ layer.weight.T)
     assert layer.fallbacks["unsupported device or dtype"] == 2
+
+
+def test_a_gated_layer_computes_silu_of_gate_times_up():
+    import pytest
+
+    gate, up = nn.Linear(64, 20, bias=False, dtype=torch.bfloat16), nn.Linear(64, 20, bias=False, dtype=torch.bfloat16)
+    layer = ProjectionLinear.gated(gate, up, batches=(1, 4))
+    assert layer.out_features == 20 and layer.weight.shape == (48, 64) and "gated" in repr(layer)
+    x = torch.randn(3, 4, 64, dtype=torch.bfloat16)
+    out = layer(x)  # on the CPU: the F.linear form, as the two layers and F.silu(g) * u compute it
+    assert out.shape == (3, 4, 20) and out.dtype == torch.bfloat16
+    assert torch.equal(out, F.silu(gate(x)) * up(x))
+    meta = torch.empty(3, 4, 64, device="meta", dtype=torch.bfloat16)
+    assert project(meta, layer.weight.to("meta"), None, layer.handle, torch.bfloat16, 20).shape == (3, 4, 20)
+    with pytest.raises(ValueError, match="without a bias"):
+        ProjectionLinear.gated(nn.Linear(64, 20, dtype=torch.bfloat16), up)
+    with pytest.raises(ValueError, match="takes no bias"):
+        ProjectionLinear(layer.weight, torch.zeros(48, dtype=torch.bfloat16), gated_rows=20)
