@@ -193,7 +193,7 @@ def test_a_cache_that_cannot_be_listed_is_not_writable(cache_dir, monkeypatch):
 
 def test_a_kernel_that_does_not_compile_is_raised_or_recorded(cache_dir):
     good = (SplitKTactic(64, 16, 1, 4), torch.bfloat16, "sm_90a", torch.bfloat16)
-    bad = (SplitKTactic(64, 16, 2, 4), torch.float16, "sm_90a", torch.bfloat16)  # the kernel writes no FP16
+    bad = (SplitKTactic(64, 16, 2, 4), torch.float64, "sm_90a", torch.bfloat16)  # the kernel writes no FP64
     with pytest.raises(ValueError, match="output dtype"):
         warmup.compile_all([good, bad], workers=1, progress=False)
     failed = {}
