@@ -114,7 +114,8 @@ def gated_linear(x, weight, out_features):
     """``silu(x @ gate^T) * (x @ up^T)`` of a gate/up interleaved ``weight`` (projection.interleave_gate_up) with
     ``F.linear``, in the weight's dtype, as the two ``nn.Linear``s and ``F.silu(g) * u`` would compute it."""
     both = F.linear(x, weight).unflatten(-1, (-1, 2, GATE_GROUP_ROWS // 2))
-    return (F.silu(both[..., 0, :]) * both[..., 1, :]).flatten(-2)[..., :out_features]
+    # Contiguous, as the op's fake says: the slice past a padded last group would leave a wider row pitch.
+    return (F.silu(both[..., 0, :]) * both[..., 1, :]).flatten(-2)[..., :out_features].contiguous()
 
 
 def check_arguments(weight, bias, batches, output_dtype, batch_invariant, programmatic_launch):
@@ -248,12 +249,15 @@ class ProjectionLinear(nn.Module):
         # every layer quietly computing with F.linear would hide it.
         policies, _ = policies_for(weight, self.batches, output_dtype=self.output_dtype,
                                    batch_invariant=self.batch_invariant)
-        if self.gated_rows is not None:
-            policies = {batch: gated_tactic(tactic) for batch, tactic in policies.items()}
         bias = None if self.bias is None else self.bias.data
         current = self.prepared
         try:
-            if current is not None and current._layout(weight) == current._layout(current.weight):
+            if self.gated_rows is not None:
+                policies = {batch: gated_tactic(tactic) for batch, tactic in policies.items()}
+            # In place only where graphs captured before stay right: the same weight layout (its maps are rewritten)
+            # and the same bias storage (its pointer is an argument of every captured launch).
+            if (current is not None and current._layout(weight) == current._layout(current.weight)
+                    and current.is_prepared_for(current.weight, bias)):
                 current.weight, current.policies, current.bias = weight, policies, bias
                 current.output_dtype, current.programmatic_launch = self.output_dtype, self.programmatic_launch
                 current.prepare()

@@ -280,6 +280,7 @@ def interleave_gate_up(gate, up):
     if gate.shape != up.shape or gate.dtype != up.dtype or gate.device != up.device:
         raise ValueError(f"gate and up weights must match in shape, dtype and device, got {describe(gate)} and "
                          f"{describe(up)}")
+    gate, up = gate.detach(), up.detach()  # a copy the kernel reads, outside autograd
     n, k = gate.shape
     half = GATE_GROUP_ROWS // 2
     full, rest = divmod(n, half)
@@ -365,6 +366,7 @@ class _Launchable(NamedTuple):
     device: torch.device
     epilogue: Epilogue
     bias: torch.Tensor | None
+    bias_storage: tuple | None  # PreparedProjection._storage(bias) as prepared
     bias_view: object  # the bias as the kernel takes it (None without one)
     output_rows: int  # N of the output: the weight's rows, or a gated projection's gate rows
 
@@ -549,7 +551,8 @@ class PreparedProjection:
             bias_view = None if self.bias is None else vector_view(self.bias)
             self._launchable = _Launchable(self.weight, self._storage(self.weight), matrix_view(self.weight),
                                            kernels, extra, self.output_dtype, self.device, epilogue, self.bias,
-                                           bias_view, self.gated_rows or self.weight.shape[0])
+                                           None if self.bias is None else self._storage(self.bias), bias_view,
+                                           self.gated_rows or self.weight.shape[0])
         return self
 
     def _write_maps(self) -> dict:
@@ -593,7 +596,7 @@ class PreparedProjection:
             return False
         if bias is None or launchable.bias is None:
             return bias is None and launchable.bias is None
-        return bias.data_ptr() == launchable.bias.data_ptr() and bias.dtype == launchable.bias.dtype
+        return self._storage(bias) == launchable.bias_storage
 
     def _check(self, x, out, launchable):
         """Raise a TypeError/ValueError naming whatever about x or out the kernel cannot take."""
@@ -657,7 +660,8 @@ class PreparedProjection:
     def _check_epilogue(self, x, out, residual, launchable):
         """Raise a TypeError/ValueError naming whatever about ``residual`` or the bias the kernel cannot take (after
         ``_check`` passed)."""
-        if self.bias is not launchable.bias or self.residual != launchable.epilogue.residual:
+        if (self.bias is not launchable.bias or self.residual != launchable.epilogue.residual
+                or (self.bias is not None and self._storage(self.bias) != launchable.bias_storage)):
             raise ValueError("projection bias or residual changed after prepare(); call prepare() again")
         if launchable.bias is not None and overlaps(out, launchable.bias.unsqueeze(0)):
             raise ValueError("projection output overlaps its bias")

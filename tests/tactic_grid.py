@@ -127,12 +127,13 @@ def code_path(tactic: SplitKTactic) -> tuple:
     )
 
 
-# One tactic per store path: direct, staged (16-bit outputs of 32+ rows), folded K, split-K reductions (partials
-# kept in registers in the drained stages, sent by every rank, in a buffer of their own, with multicast), the
-# weight as B with multicast, two column groups.
+# One tactic per store path: direct, staged (16-bit outputs of 32+ rows; a padded 56-row tile too), folded K,
+# split-K reductions (partials kept in registers in the drained stages, sent by every rank, in a buffer of their
+# own, with multicast), the weight as B with multicast, two column groups.
 EPILOGUE_PATHS = [
     SplitKTactic(64, 8, 1, 6, k_boxes=4),
     SplitKTactic(128, 64, 1, 6),
+    SplitKTactic(56, 48, 1, 4, k_boxes=2),
     SplitKTactic(16, 8, 1, 4, k_boxes=4, fold=4),
     SplitKTactic(64, 64, 4, 4),
     SplitKTactic(192, 64, 2, 4),

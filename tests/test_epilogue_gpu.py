@@ -47,13 +47,16 @@ def run_epilogue(projection, x, n, out_dtype, residual_kind, values=None, *, fir
 def test_every_store_path_adds_bias_and_residual_once(tactic, case):
     weight_dtype, out_dtype, bias_dtype, residual_kind = case
     rows, acts = tactic.weight_rows, tactic.activation_rows
-    for n, k, batch in [(2 * rows + 40, 1000, max(1, acts - 3)), (rows + 8, 520, 2 * acts + 5)]:
+    # The second case's output pitch (n + 21) and base (column 3) leave the staged path element stores.
+    for n, k, batch, first_column, spare_columns in [(2 * rows + 40, 1000, max(1, acts - 3), 8, 24),
+                                                     (rows + 8, 520, 2 * acts + 5, 3, 21)]:
         weight = torch.randn(n, k, device="cuda").to(weight_dtype)
         x = torch.randn(batch, k, device="cuda").to(weight_dtype)
         bias = None if bias_dtype is None else torch.randn(n, device="cuda").to(bias_dtype)
         projection = PreparedProjection(weight, {batch: tactic}, output_dtype=out_dtype, bias=bias,
                                         residual=residual_kind != "none").prepare()
-        out, residual = run_epilogue(projection, x, n, out_dtype, residual_kind)
+        out, residual = run_epilogue(projection, x, n, out_dtype, residual_kind, first_column=first_column,
+                                     spare_columns=spare_columns)
         addend = torch.zeros(1, n, device="cuda", dtype=torch.float64)
         if bias is not None:
             addend = addend + bias.double()[None, :]
@@ -62,7 +65,8 @@ def test_every_store_path_adds_bias_and_residual_once(tactic, case):
         assert_close_to_reference(out, x, weight, addend=addend,
                                   label=f"{tactic} {epilogue_id(case)} N={n} K={k} M={batch}")
         # Bitwise repeatable: the same inputs give the same bits.
-        again, _ = run_epilogue(projection, x, n, out_dtype, residual_kind, residual)
+        again, _ = run_epilogue(projection, x, n, out_dtype, residual_kind, residual, first_column=first_column,
+                                spare_columns=spare_columns)
         assert torch.equal(again, out), f"{tactic} {epilogue_id(case)}: not repeatable"
 
 
@@ -170,3 +174,28 @@ def test_a_gated_layer_runs_the_kernel_compiled_and_captured():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(captured, eager) and not layer.fallbacks
+
+
+@pytest.mark.parametrize("tactic", [SplitKTactic(64, 8, 1, 6, k_boxes=4), SplitKTactic(128, 64, 1, 6),
+                                    SplitKTactic(16, 8, 1, 4, k_boxes=4, fold=4), SplitKTactic(64, 64, 4, 4)],
+                         ids=tactic_id)
+def test_the_residual_and_bias_are_read_after_the_kernel_before_wrote_them(tactic):
+    """A PDL-aware kernel writes the residual and the bias just before the projection (which streams its first weight
+    stages before it waits): read before its wait, they would still hold the NaN they held before."""
+    from decode_projection.measure.glue import pdl_glue
+
+    n, k, batch = 2 * tactic.weight_rows + 40, 1000, tactic.activation_rows + 3
+    weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(batch, k, device="cuda", dtype=torch.bfloat16)
+    bias = torch.full((n,), float("nan"), device="cuda", dtype=torch.bfloat16)
+    residual = torch.full((batch, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    bias_values, residual_values = torch.randn_like(bias), torch.randn_like(residual)
+    projection = PreparedProjection(weight, {batch: tactic}, bias=bias, residual=True).prepare()
+    out = torch.full_like(residual, float("nan"))
+    torch.cuda.synchronize()
+    pdl_glue(bias_values.view(1, n), bias.view(1, n))()
+    pdl_glue(residual_values, residual)()
+    projection.run(x, out, residual=residual)
+    torch.cuda.synchronize()
+    assert_close_to_reference(out, x, weight, addend=bias_values.double()[None, :] + residual_values.double(),
+                              label=f"{tactic} after a PDL-aware writer of its residual and bias")

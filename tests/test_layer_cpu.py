@@ -301,3 +301,12 @@ def test_a_gated_layer_computes_silu_of_gate_times_up():
         ProjectionLinear.gated(nn.Linear(64, 20, dtype=torch.bfloat16), up)
     with pytest.raises(ValueError, match="takes no bias"):
         ProjectionLinear(layer.weight, torch.zeros(48, dtype=torch.bfloat16), gated_rows=20)
+
+
+def test_opcheck_on_a_gated_layer_of_a_padded_last_group():
+    gate, up = (nn.Linear(64, 20, bias=False, dtype=torch.bfloat16) for _ in range(2))
+    layer = ProjectionLinear.gated(gate, up, batches=(1, 4))
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    torch.library.opcheck(project, (x, layer.weight, None, layer.handle, torch.bfloat16, 20),
+                          test_utils=("test_schema", "test_faketensor"))
+    assert layer(x).is_contiguous()

@@ -159,3 +159,22 @@ def test_a_captured_layer_computes_with_a_weight_replaced_by_one_of_the_same_sha
     with pytest.warns(UserWarning, match="capture them again"):
         layer.half()
     assert_close_to_reference(layer(x.half()), x.half(), layer.weight, label="after the cast")
+
+
+def test_a_new_bias_gets_a_new_projection_and_a_captured_graph_is_warned_about():
+    """The bias's pointer is an argument of every captured launch: a bias of new storage cannot be written into
+    the kernel a graph holds, so the layer prepares a new projection and warns, as for a weight of a new shape."""
+    import warnings
+
+    from decode_projection.layer import RECAPTURE_WARNING
+
+    layer = ProjectionLinear(torch.randn(2304, 1536, device="cuda", dtype=torch.bfloat16),
+                             torch.randn(2304, device="cuda", dtype=torch.bfloat16), batches=(4,))
+    x = torch.randn(4, 1536, device="cuda", dtype=torch.bfloat16)
+    layer(x)
+    first = layer.prepared
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        layer.bias = torch.nn.Parameter(torch.randn(2304, device="cuda", dtype=torch.bfloat16), requires_grad=False)
+    assert layer.prepared is not first and any(RECAPTURE_WARNING in str(w.message) for w in caught)
+    assert_close_to_reference(layer(x), x, layer.weight, addend=layer.bias.double()[None, :], label="new bias")

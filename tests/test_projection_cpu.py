@@ -722,9 +722,15 @@ def test_run_refuses_a_residual_it_was_not_prepared_for(prepared):
 def test_bias_or_residual_replaced_after_prepare_is_refused(monkeypatch):
     projection, launches = prepared_with_epilogue(monkeypatch, torch.randn(256))
     x, out = torch.randn(4, 512, dtype=torch.bfloat16), torch.empty(4, 256, dtype=torch.bfloat16)
+    projection.bias.data = torch.randn(256)  # new storage behind the same tensor: the kernel holds the old pointer
+    with pytest.raises(ValueError, match="bias or residual changed after prepare"):
+        projection.run(x, out, residual=out)
     projection.bias = torch.randn(256)
     with pytest.raises(ValueError, match="bias or residual changed after prepare"):
         projection.run(x, out, residual=out)
+    projection.residual = False
+    with pytest.raises(ValueError, match="bias or residual changed after prepare"):
+        projection.run(x, out)
     assert not launches
 
 

@@ -65,8 +65,8 @@ def test_every_projection_case_is_valid_and_small(case):
     assert case.bias_dtype in (None, torch.bfloat16, torch.float16, torch.float32)
     assert case.residual in ("none", "in place", "apart")
     # Small: a sanitizer runs kernels 10-100x slower.
-    assert case.n * case.k <= 1 << 20 and case.batch <= 256
-    assert tactic.grid_columns(case.n) * tactic.grid_rows(case.batch) <= 256, "a grid of at most 256 CTAs"
+    assert case.weight_rows * case.k <= 1 << 20 and case.batch <= 256
+    assert tactic.grid_columns(case.weight_rows) * tactic.grid_rows(case.batch) <= 256, "a grid of at most 256 CTAs"
 
 
 def test_cases_are_distinct():
