@@ -110,6 +110,13 @@ def _(x, weight, bias, handle, out_dtype, out_features):
     return x.new_empty(*x.shape[:-1], out_features, dtype=out_dtype)
 
 
+def same_storage(a, b) -> bool:
+    """Whether two optional tensors are both None or views of the same storage, shape and strides."""
+    if a is None or b is None:
+        return a is None and b is None
+    return PreparedProjection._storage(a) == PreparedProjection._storage(b)
+
+
 def gated_linear(x, weight, out_features):
     """``silu(x @ gate^T) * (x @ up^T)`` of a gate/up interleaved ``weight`` (projection.interleave_gate_up) with
     ``F.linear``, in the weight's dtype, as the two ``nn.Linear``s and ``F.silu(g) * u`` would compute it."""
@@ -257,7 +264,7 @@ class ProjectionLinear(nn.Module):
             # In place only where graphs captured before stay right: the same weight layout (its maps are rewritten)
             # and the same bias storage (its pointer is an argument of every captured launch).
             if (current is not None and current._layout(weight) == current._layout(current.weight)
-                    and current.is_prepared_for(current.weight, bias)):
+                    and same_storage(bias, current.bias)):
                 current.weight, current.policies, current.bias = weight, policies, bias
                 current.output_dtype, current.programmatic_launch = self.output_dtype, self.programmatic_launch
                 current.prepare()

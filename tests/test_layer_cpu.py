@@ -219,6 +219,27 @@ def test_a_weight_of_the_same_shape_is_prepared_in_place_and_another_replaces_th
     assert "capture them again" in RECAPTURE_WARNING
 
 
+def test_a_bias_of_new_storage_replaces_the_projection(monkeypatch):
+    import pytest
+
+    events = []
+    on_gpu = pretend_layers_run_on_hopper(monkeypatch, events)
+    layer = ProjectionLinear(torch.randn(48, 64, dtype=torch.bfloat16), torch.randn(48, dtype=torch.bfloat16))
+    on_gpu()
+    layer.prepare()
+    first = layer.prepared
+    layer.weight.data = torch.randn(48, 64, dtype=torch.bfloat16)
+    layer.prepare()
+    assert layer.prepared is first  # the same bias: the weight's maps are rewritten in place
+    layer._launched = True
+    # A graph captured before holds the old bias's pointer: the layer warns and prepares a new projection.
+    with pytest.warns(UserWarning, match="capture them again"):
+        layer.bias.data = torch.randn(48, dtype=torch.bfloat16)
+        layer.prepare()
+    assert layer.prepared is not first and layer.prepared.bias.data_ptr() == layer.bias.data_ptr()
+    monkeypatch.undo()
+
+
 def test_a_bad_tables_variable_raises_instead_of_falling_back(monkeypatch, tmp_path):
     import pytest
 
