@@ -165,10 +165,10 @@ class StampedGemm(SplitKGemm):
         return super().activation_origin(m_tile, batch)
 
     @cute.jit
-    def consume(self, tiled_mma, tiles, storage, s_weight, s_act, out, warp, tidx, work):
+    def consume(self, tiled_mma, tiles, storage, s_weight, s_act, out, residual, bias, warp, tidx, work):
         if tidx == 0:
             write_stamp(self.address, "consumer_start", cta_slot())
-        SplitKGemm.consume(self, tiled_mma, tiles, storage, s_weight, s_act, out, warp, tidx, work)
+        SplitKGemm.consume(self, tiled_mma, tiles, storage, s_weight, s_act, out, residual, bias, warp, tidx, work)
         if tidx == 0:
             write_stamp(self.address, "exit", cta_slot())
 
