@@ -139,6 +139,14 @@ class CtaWork(NamedTuple):
     k_count: cutlass.Int32  # K tiles (stages) to consume
 
 
+class Addends(NamedTuple):
+    """The bias and residual values (FP32, in registers) of the outputs one consumer thread stores, slot ``i`` of
+    each for its ``i``-th output (SplitKGemm.thread_outputs); None where the epilogue has no such term."""
+
+    bias: Optional[cute.Tensor]
+    residual: Optional[cute.Tensor]
+
+
 class SplitKGemm:
     """out (N, M, 1), N-major = weight (N, K, 1) K-major x activations (M, K, 1) K-major.
 
@@ -392,6 +400,14 @@ class SplitKGemm:
         frag_b = tiled_mma.make_fragment_B(mma_group.partition_B(s_b))
         acc = cute.make_rmem_tensor(mma_group.partition_shape_C(t.tile_mnk[:2]), cutlass.Float32)
         acc.fill(0.0)
+        addends = None
+        if cutlass.const_expr(residual is not None or bias is not None):
+            # Read as the loop starts, so that their loads overlap the weight stream: read after the stores, each
+            # load waited for the store before it (the residual may be ``out``), a round trip per output, 0.2-2.3 us
+            # on the H100 (docs/epilogues.md). The consumers have nothing to do before the first stage, which holds
+            # activations and so waits for the previous kernel anyway; it may write the residual or the bias.
+            cute.arch.griddepcontrol_wait()
+            addends = self.load_addends(tiled_mma, tidx, work, out, residual, bias)
         tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
         k_blocks = cute.size(frag_a, mode=[2])
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, t.stages)
@@ -439,9 +455,9 @@ class SplitKGemm:
         col0, repeated = self.activation_origin(work.m_tile, out.shape[1])
         rows, cols = out.shape[0], out.shape[1]
         if cutlass.const_expr(t.fold > 1):
-            self.store_folded(acc, coords, storage, out, residual, bias, row0, col0, repeated)
+            self.store_folded(acc, coords, storage, out, addends, row0, col0, repeated)
         elif cutlass.const_expr(self.stages_output(out.element_type)):
-            self.store_staged(acc, coords, storage, out, residual, bias, row0, col0, repeated)
+            self.store_staged(acc, coords, storage, out, addends, row0, col0, repeated)
         elif cutlass.const_expr(self.gated):
             for r in cutlass.range_constexpr(cute.size(acc)):
                 if cutlass.const_expr(r // 2 % 2 == 0):  # a gate row: its up row is 8 rows below, acc[r + 2]
@@ -455,11 +471,11 @@ class SplitKGemm:
                 n, m = self.output_index(coords[r])
                 if self.stores(n, m, row0, col0, rows, cols, repeated):
                     value = acc[r]
-                    if cutlass.const_expr(residual is not None or bias is not None):
-                        value = self.finish(value, row0 + n, col0 + m, residual, bias)
+                    if cutlass.const_expr(addends is not None):
+                        value = self.finish(value, addends, r)
                     self.store_kept_in_l2(out, row0 + n, col0 + m, value.to(out.element_type))
         else:
-            self.reduce_across_cluster(acc, coords, work.rank, work.sharer, storage, out, residual, bias, row0, col0,
+            self.reduce_across_cluster(acc, coords, work.rank, work.sharer, storage, out, addends, row0, col0,
                                        repeated)
 
     @property
@@ -525,14 +541,62 @@ class SplitKGemm:
         nvvm.store_ext(value.bitcast(word).ir_value(), cute.recast_ptr(element, dtype=word), l2_cache_hint=EVICT_LAST)
 
     @cute.jit
-    def finish(self, value, row, col, residual, bias):
-        """``value`` (an FP32 sum) plus ``bias[row]`` and ``residual[row, col]`` where given, still in FP32: the
-        epilogue rounds once, as it stores. Read after ``griddepcontrol.wait``, since the previous kernel may write
-        either, and only for outputs this CTA stores (a residual that is ``out`` is then read by its writer alone)."""
+    def thread_outputs(self, tiled_mma, tidx, work, out):
+        """``[(row, col, stored)]``: the output element of each of this consumer thread's store slots, in the order
+        its store path takes them (slot ``i`` for its ``i``-th), and whether it stores it (inside ``out``, not
+        padding, not repeated, and with split K this rank's)."""
+        t = self.tactic
+        row0 = work.n_tile * t.weight_rows
+        col0, repeated = self.activation_origin(work.m_tile, out.shape[1])
+        rows, cols = out.shape[0], out.shape[1]
+        if cutlass.const_expr(t.fold > 1):
+            # store_folded's outputs: consecutive weight rows across the threads.
+            outputs = t.weight_rows * t.activation_rows
+            found = []
+            for i in cutlass.range_constexpr(math.ceil(outputs / self.consumer_threads)):
+                index = tidx + i * self.consumer_threads
+                n, m = index % t.weight_rows, index // t.weight_rows
+                found.append((row0 + n, col0 + m,
+                              index < outputs and row0 + n < rows and col0 + m < cols and m >= repeated))
+            return found
+        coords = tiled_mma.get_slice(tidx).partition_C(cute.make_identity_tensor(t.tile_mnk[:2]))
+        found = []
+        for r in cutlass.range_constexpr(cute.size(coords)):
+            n, m = self.output_index(coords[r])
+            stored = self.stores(n, m, row0, col0, rows, cols, repeated)
+            if cutlass.const_expr(t.split > 1):
+                # Vector r // reduction_vector is summed and stored by rank (r // reduction_vector) % split.
+                stored = stored and r // t.reduction_vector % t.split == work.rank
+            found.append((row0 + n, col0 + m, stored))
+        return found
+
+    @cute.jit
+    def load_addends(self, tiled_mma, tidx, work, out, residual, bias) -> Addends:
+        """The bias and residual of every output this thread stores, in FP32 registers (Addends). Only outputs the
+        CTA stores are read: a residual that is ``out`` is then read by its writer alone."""
+        outputs = self.thread_outputs(tiled_mma, tidx, work, out)
+        bias_values = residual_values = None
         if cutlass.const_expr(bias is not None):
-            value = value + bias[row].to(cutlass.Float32)
+            bias_values = cute.make_rmem_tensor(len(outputs), cutlass.Float32)
         if cutlass.const_expr(residual is not None):
-            value = value + residual[(row, col, 0)].to(cutlass.Float32)
+            residual_values = cute.make_rmem_tensor(len(outputs), cutlass.Float32)
+        for i in cutlass.range_constexpr(len(outputs)):
+            row, col, stored = outputs[i]
+            if stored:
+                if cutlass.const_expr(bias is not None):
+                    bias_values[i] = bias[row].to(cutlass.Float32)
+                if cutlass.const_expr(residual is not None):
+                    residual_values[i] = residual[(row, col, 0)].to(cutlass.Float32)
+        return Addends(bias_values, residual_values)
+
+    @cute.jit
+    def finish(self, value, addends, i):
+        """``value`` (an FP32 sum) plus its output's bias, then its residual (slot ``i`` of ``addends``), still in
+        FP32: the epilogue rounds once, as it stores."""
+        if cutlass.const_expr(addends.bias is not None):
+            value = value + addends.bias[i]
+        if cutlass.const_expr(addends.residual is not None):
+            value = value + addends.residual[i]
         return value
 
     @cute.jit
@@ -553,7 +617,7 @@ class SplitKGemm:
         return self.tactic.activation_rows * (self.tactic.weight_smem_rows + STAGING_PAD) * 2
 
     @cute.jit
-    def store_staged(self, acc, coords, storage, out, residual, bias, row0, col0, repeated):
+    def store_staged(self, acc, coords, storage, out, addends, row0, col0, repeated):
         """Store the tile through shared memory: each thread writes 16 contiguous output bytes at a time."""
         # Straight from the accumulators a warp's store touches four output rows with 2 bytes per thread; staged, a warp
         # writes whole 128-byte lines. Every store, the ragged tail's element stores too, has the L2 policy EVICT_LAST.
@@ -576,13 +640,13 @@ class SplitKGemm:
             if cutlass.const_expr(self.gated):
                 if cutlass.const_expr(r // 2 % 2 == 0):  # a gate row and, 8 rows below, its up row
                     staging[n // 16 * 8 + n % 8, m] = self.gate(acc[r], acc[r + 2]).to(out.element_type)
-            elif cutlass.const_expr(residual is None and bias is None):
+            elif cutlass.const_expr(addends is None):
                 staging[n, m] = acc[r].to(out.element_type)
             else:
-                # Staged are the finished, rounded outputs; those this tile does not store read nothing.
+                # Staged are the finished, rounded outputs; those this tile does not store have no addends.
                 value = acc[r]
                 if self.stores(n, m, row0, col0, out.shape[0], out.shape[1], repeated):
-                    value = self.finish(value, row0 + n, col0 + m, residual, bias)
+                    value = self.finish(value, addends, r)
                 staging[n, m] = value.to(out.element_type)
         cute.arch.barrier(barrier_id=STAGING_BARRIER, number_of_threads=self.consumer_threads)
 
@@ -615,7 +679,7 @@ class SplitKGemm:
                             self.store_kept_in_l2(out, row0 + n + e, col0 + m, staging[n + e, m])
 
     @cute.jit
-    def store_folded(self, acc, coords, storage, out, residual, bias, row0, col0, repeated):
+    def store_folded(self, acc, coords, storage, out, addends, row0, col0, repeated):
         """Sum each output's K-segment partials in segment order through shared memory, and store them (EVICT_LAST)."""
         # Folded, A row ``segment * slot_rows + n`` times B row ``segment * activation_rows + m`` is segment
         # ``segment``'s partial of output (n, m); the products across segments are discarded. The partials are staged as
@@ -642,8 +706,8 @@ class SplitKGemm:
                 total = partials[n, m, 0]
                 for segment in cutlass.range_constexpr(1, t.fold):
                     total = total + partials[n, m, segment]
-                if cutlass.const_expr(residual is not None or bias is not None):
-                    total = self.finish(total, row0 + n, col0 + m, residual, bias)
+                if cutlass.const_expr(addends is not None):
+                    total = self.finish(total, addends, i)
                 self.store_kept_in_l2(out, row0 + n, col0 + m, total.to(out.element_type))
 
     @cute.jit
@@ -711,7 +775,7 @@ class SplitKGemm:
             )
 
     @cute.jit
-    def reduce_across_cluster(self, acc, coords, rank, sharer, storage, out, residual, bias, row0, col0, repeated):
+    def reduce_across_cluster(self, acc, coords, rank, sharer, storage, out, addends, row0, col0, repeated):
         """Sum the split partials through DSMEM in rank order; each rank stores a share (EVICT_LAST)."""
         # Each thread's accumulators go in vectors of ``reduction_vector``; vector ``g`` is owned by rank ``g % split``:
         # each peer sends it with one ``st.async`` to its slot of the owner's buffer; the owner waits on its mbarrier
@@ -769,12 +833,12 @@ class SplitKGemm:
                     total = part if total is None else [a + b for a, b in zip(total, part)]
                 for j in cutlass.range_constexpr(width):
                     n, m = self.output_index(coords[g * width + j])
-                    if cutlass.const_expr(residual is None and bias is None):
+                    if cutlass.const_expr(addends is None):
                         value = total[j].to(out.element_type)
                         if self.stores(n, m, row0, col0, rows, cols, repeated):
                             self.store_kept_in_l2(out, row0 + n, col0 + m, value)
                     else:
                         # The residual and bias join the fixed-order sum once, on the rank that stores it.
                         if self.stores(n, m, row0, col0, rows, cols, repeated):
-                            value = self.finish(total[j], row0 + n, col0 + m, residual, bias)
+                            value = self.finish(total[j], addends, g * width + j)
                             self.store_kept_in_l2(out, row0 + n, col0 + m, value.to(out.element_type))
