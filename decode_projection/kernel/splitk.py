@@ -129,6 +129,21 @@ def store_async_dsmem(target, words, barrier, peer, *, loc=None, ip=None):
     )
 
 
+@cutlass.dsl_user_op
+def held_until_here(value, *, loc=None, ip=None):
+    """``value`` (a 16- or 32-bit number) through an empty inline ``mov``: nothing that uses it can be moved above
+    this point, so the load it came from is waited for here rather than where it was issued (without it LLVM moved
+    a conversion of the loaded value up to the load, by folding it into the branch that loads)."""
+    word = cutlass.Int16 if value.width == 16 else cutlass.Int32
+    constraint = "h" if value.width == 16 else "r"
+    bits = llvm.inline_asm(
+        word.mlir_type, [value.bitcast(word).ir_value(loc=loc, ip=ip)], f"mov.b{value.width} $0, $1;",
+        f"={constraint},{constraint}", has_side_effects=True, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
+    )
+    return word(bits).bitcast(type(value))
+
+
 class CtaWork(NamedTuple):
     """Where one CTA's consumers work: its weight and activation tiles, its place in the cluster, its K tiles."""
 
@@ -140,7 +155,7 @@ class CtaWork(NamedTuple):
 
 
 class Addends(NamedTuple):
-    """The bias and residual values (FP32, in registers) of the outputs one consumer thread stores, slot ``i`` of
+    """The bias and residual values (as loaded, in registers) of the outputs one consumer thread stores, slot ``i`` of
     each for its ``i``-th output (SplitKGemm.thread_outputs); None where the epilogue has no such term."""
 
     bias: Optional[cute.Tensor]
@@ -574,19 +589,21 @@ class SplitKGemm:
     def load_addends(self, tiled_mma, tidx, work, out, residual, bias) -> Addends:
         """The bias and residual of every output this thread stores, in FP32 registers (Addends). Only outputs the
         CTA stores are read: a residual that is ``out`` is then read by its writer alone."""
+        # Kept as loaded and converted only in ``finish`` (held_until_here): waited for before the loop, the loads
+        # queue behind the weight stages in flight and hold up the first wgmma (1.6 us at 7168x4224 M=1, H100).
         outputs = self.thread_outputs(tiled_mma, tidx, work, out)
         bias_values = residual_values = None
         if cutlass.const_expr(bias is not None):
-            bias_values = cute.make_rmem_tensor(len(outputs), cutlass.Float32)
+            bias_values = cute.make_rmem_tensor(len(outputs), bias.element_type)
         if cutlass.const_expr(residual is not None):
-            residual_values = cute.make_rmem_tensor(len(outputs), cutlass.Float32)
+            residual_values = cute.make_rmem_tensor(len(outputs), residual.element_type)
         for i in cutlass.range_constexpr(len(outputs)):
             row, col, stored = outputs[i]
             if stored:
                 if cutlass.const_expr(bias is not None):
-                    bias_values[i] = bias[row].to(cutlass.Float32)
+                    bias_values[i] = bias[row]
                 if cutlass.const_expr(residual is not None):
-                    residual_values[i] = residual[(row, col, 0)].to(cutlass.Float32)
+                    residual_values[i] = residual[(row, col, 0)]
         return Addends(bias_values, residual_values)
 
     @cute.jit
@@ -594,9 +611,9 @@ class SplitKGemm:
         """``value`` (an FP32 sum) plus its output's bias, then its residual (slot ``i`` of ``addends``), still in
         FP32: the epilogue rounds once, as it stores."""
         if cutlass.const_expr(addends.bias is not None):
-            value = value + addends.bias[i]
+            value = value + held_until_here(addends.bias[i]).to(cutlass.Float32)
         if cutlass.const_expr(addends.residual is not None):
-            value = value + addends.residual[i]
+            value = value + held_until_here(addends.residual[i]).to(cutlass.Float32)
         return value
 
     @cute.jit
