@@ -292,15 +292,19 @@ def interleave_gate_up(gate, up):
     return weight.view(-1, k)
 
 
+def interleaved_rows(gated_rows: int) -> int:
+    """Rows of the weight ``interleave_gate_up`` makes of a gate/up pair of ``gated_rows`` rows each."""
+    return GATE_GROUP_ROWS * -(-gated_rows // (GATE_GROUP_ROWS // 2))
+
+
 def check_gated_rows(gated_rows, weight):
     """Raise unless ``gated_rows`` is None or the N of a gate/up pair that ``weight`` interleaves."""
     if gated_rows is None:
         return
     if not is_batch(gated_rows):
         raise TypeError(f"gated_rows must be a positive int (the gate weight's rows), got {gated_rows!r}")
-    half = GATE_GROUP_ROWS // 2
-    if weight.shape[0] != 2 * half * -(-gated_rows // half):
-        raise ValueError(f"a gated weight of {gated_rows} gate rows interleaves {2 * half * -(-gated_rows // half)} "
+    if weight.shape[0] != interleaved_rows(gated_rows):
+        raise ValueError(f"a gated weight of {gated_rows} gate rows interleaves {interleaved_rows(gated_rows)} "
                          f"rows (interleave_gate_up), got {describe(weight)}")
 
 

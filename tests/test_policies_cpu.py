@@ -9,14 +9,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-from decode_projection.kernel.tactic import SplitKTactic
+from decode_projection.kernel.tactic import SplitKTactic, gated_problems, max_stages
 from decode_projection.policy import policies, tables
 from decode_projection.policy.policies import (
     COMPUTE_BOUND_ROWS, STREAMING_STAGE_BYTES, activation_rows_for, activation_tile_choices, default_tactic,
     filling_tactic, grid_ctas, one_wave_tactic, predicted_time_us, resolve_policies, shared_weight_tactic, waves,
 )
 from decode_projection.policy.workload import DECODE_BATCHES, KIMI_K3_SHAPES
-from decode_projection.runtime.gpu import H200, GpuSpec, device_index
+from decode_projection.runtime.gpu import H100, H200, GpuSpec, device_index
 from decode_projection.tuning import candidates
 from decode_projection.tuning.candidates import (
     candidate_tactics, early_dependents_tactics, filling_tactics, with_k_boxes,
@@ -182,6 +182,32 @@ def test_candidates_start_with_the_pick_and_are_valid():
             assert all(t.valid for t in found)
             pinned = candidate_tactics(n, k, batch, limit=4, order=(2, 1))
             assert {t.summation_order for t in pinned} == {(2, 1)}
+
+
+def test_gated_candidates_can_gate_and_give_16_row_tiles_two_to_an_sm():
+    # The shared expert's gate/up pair, interleaved: 3072 x 7168. Its table's 24-row folded tiles cannot gate.
+    n, k = 3072, 7168
+    for batch in (1, 8, 32, 64):
+        found = policies.gated_candidates(n, k, batch, H100)
+        assert found and all(t.valid and not gated_problems(t) for t in found)
+        assert all(t.activation_rows == activation_rows_for(batch) and t.stages >= policies.MIN_STAGES for t in found)
+        assert len({t.label for t in found}) == len(found)  # once each, so the order below is a total one
+        times = [predicted_time_us(n, k, batch, t, H100) for t in found]
+        assert times == sorted(times)
+        assert policies.gated_candidates(n, k, batch, H100) == found
+        # 192 CTAs of 16 rows run in one wave only two to an SM: the deepest pipeline that allows it is offered.
+        sharing = [t for t in found if t.weight_rows == 16 and policies.ctas_per_sm(t, H100) == 2]
+        assert {1, 2} <= {t.k_boxes for t in sharing}
+        assert all(policies.waves(t, n, batch, H100, per_sm=2) == 1 for t in sharing)
+        assert all(policies.ctas_per_sm(replace(t, stages=t.stages + 1), H100) == 1 for t in sharing)
+        # The deepest pipeline of every tile, and its early twin where it may let the next launch in early.
+        deepest = [t for t in found if t.stages == max_stages(t.weight_rows, t.activation_rows, 1, t.k_boxes)]
+        assert {t.weight_rows for t in deepest} == {rows for rows in range(16, 193, 16)}
+        assert all(replace(t, dependents_at_start=True) in found
+                   for t in deepest if policies.may_start_dependents_early(t, H100))
+        # 64 tiles of 48 rows have an SM each anyway: no shallower twin.
+        assert {t.stages for t in found if t.weight_rows == 48 and t.k_boxes == 1} == {
+            max_stages(48, activation_rows_for(batch), 1)}
 
 
 def test_cost_model_prefers_in_flight_bytes():

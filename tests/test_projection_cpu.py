@@ -824,3 +824,18 @@ def test_every_gated_tactic_compiles_with_its_exponentials(tactic):
         assert report.hgmma > 0 and report.spills == 0 and report.local_bytes == 0
         assert not report.wgmma_serialized, "ptxas serialized the wgmmas (C7514)"
         assert "MUFU.EX2" in report.sass, "no exponential: the gated epilogue is not in the kernel"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rows", [16, 32])
+def test_gated_candidates_compile_with_their_exponentials(rows):
+    from decode_projection.policy.policies import ctas_per_sm, gated_candidates
+    from decode_projection.runtime.gpu import H100
+
+    # The shared expert's pair on the H100: 16-row tiles two to an SM, the 32-row tiles gated_tactic maps to.
+    found = gated_candidates(3072, 7168, 8, H100)
+    tactic = next(t for t in found if t.weight_rows == rows and ctas_per_sm(t, H100) == (2 if rows == 16 else 1))
+    report = kernel_report(compile_projection(tactic, torch.bfloat16, "sm_90a", epilogue=Epilogue(gated=True)))
+    assert report.hgmma > 0 and report.spills == 0 and report.local_bytes == 0
+    assert not report.wgmma_serialized, "ptxas serialized the wgmmas (C7514)"
+    assert "MUFU.EX2" in report.sass, "no exponential: the gated epilogue is not in the kernel"

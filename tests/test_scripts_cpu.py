@@ -299,6 +299,29 @@ def test_time_tactics_parses_cells_and_flags():
     assert tactics[3] == SplitKTactic(64, 8, 1, 6) and tactics[2].label == "(56,8,1,6,4,1,1,E)"
 
 
+def test_time_tactics_times_gated_candidates_of_the_interleaved_weight(monkeypatch, capsys):
+    from decode_projection.kernel.tactic import as_tactic
+    from decode_projection.policy.policies import gated_candidates
+    from decode_projection.projection import Epilogue
+    from decode_projection.runtime.gpu import H100
+
+    probe = load_script("time_tactics")
+    texts = ("1536x7168:1:candidates", "1536x7168:64:Candidates", "20x512:4:16,8,1,4")
+    cells = [probe.parse_cell(text) for text in texts]
+    assert cells[0] == (1536, 7168, 1, None) and cells[1][3] is None
+    resolved = probe.with_candidates(cells, H100)
+    # A pair of 1536 gate rows interleaves 3072: the kernel's weight is what the candidates are for.
+    assert resolved[0][3] == gated_candidates(3072, 7168, 1, H100)[:probe.GATED_CANDIDATES]
+    assert len(resolved[1][3]) == probe.GATED_CANDIDATES and resolved[2] == cells[2]
+    jobs = probe.compile_jobs(resolved, "sm_90a", (True, False), as_tactic, Epilogue(gated=True))
+    assert len(jobs) == 2 * (2 * probe.GATED_CANDIDATES + 1) and {job[-1] for job in jobs} == {Epilogue(gated=True)}
+    assert len(probe.compile_jobs(resolved[2:], "sm_90a", (True,), as_tactic)[0]) == 5  # no epilogue: as before
+    monkeypatch.setattr("sys.argv", ["time_tactics.py", "1536x7168:1:candidates"])
+    with pytest.raises(SystemExit) as refused:  # before it looks for a GPU
+        probe.main()
+    assert refused.value.code == 2 and "'candidates' in place of the tactics takes --gated" in capsys.readouterr().err
+
+
 def test_compile_candidates_covers_the_incumbents_and_checks_the_sass():
     script = load_script("compile_candidates")
     from decode_projection.policy.tables import shipped_tables

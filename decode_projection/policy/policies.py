@@ -19,11 +19,11 @@ import math
 from dataclasses import replace
 
 from ..kernel.tactic import (
-    ACTIVATION_ROWS, ACTIVATION_ROWS_AS_A, BOX_K, GATE_GROUP_ROWS, K_BOXES, WEIGHT_ROWS, WEIGHT_ROWS_AS_B,
-    SplitKTactic, as_tactic, gated_problems, max_stages, resident_ctas,
+    ACTIVATION_ROWS, ACTIVATION_ROWS_AS_A, BARRIER_BYTES, BOX_K, GATE_GROUP_ROWS, K_BOXES, WEIGHT_ROWS,
+    WEIGHT_ROWS_AS_A, WEIGHT_ROWS_AS_B, SplitKTactic, as_tactic, gated_problems, max_stages, resident_ctas,
 )
 from ..runtime.gpu import H200, GpuSpec
-from ..runtime.sm90 import WGMMA_ROWS
+from ..runtime.sm90 import RESERVED_SMEM_PER_CTA, WGMMA_ROWS
 from .tables import TableKey, table_policies, table_summation_order
 
 MIN_K_TILES_PER_CTA = 4  # fewer and the pipeline never fills
@@ -230,6 +230,15 @@ def pinned_tactic(n: int, k: int, batch: int, order, gpu: GpuSpec = H200) -> Spl
     return next((t for t in valid if t.stages >= MIN_STAGES), valid[0])
 
 
+def stages_sharing_an_sm(rows: int, acts: int, split: int, k_boxes: int = 1, *, per_sm: int = 1,
+                         gpu: GpuSpec = H200) -> int:
+    """The deepest pipeline of (weight) ``rows``, ``acts`` activation rows, ``split`` and ``k_boxes`` that fits in
+    shared memory and lets ``per_sm`` CTAs share an SM of ``gpu`` (the weight as A, its reduction not buffered)."""
+    budget = gpu.smem_per_sm // per_sm - RESERVED_SMEM_PER_CTA - BARRIER_BYTES
+    probe = SplitKTactic(rows, acts, split, 1, k_boxes=k_boxes)
+    return min(max_stages(rows, acts, split, k_boxes), budget // probe.stage_bytes)
+
+
 def ctas_per_sm(tactic: SplitKTactic, gpu: GpuSpec = H200) -> int:
     """How many CTAs of ``tactic`` shared memory lets one SM hold at once."""
     return resident_ctas(tactic.smem_bytes, gpu.smem_per_sm)
@@ -319,3 +328,30 @@ def gated_tactic(tactic: SplitKTactic) -> SplitKTactic:
         if nearest.valid:
             return as_tactic(nearest)
     raise ValueError(f"no gated tactic near {tactic}")
+
+
+def gated_candidates(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> list[SplitKTactic]:
+    """Every tactic worth timing for a gated projection of an interleaved weight of ``n`` rows (twice the gate rows)
+    at ``batch``, by predicted time: tiles of each whole number of 16-row gate groups (kernel.tactic.gated_problems)
+    over the covering activation tile, in 1-, 2- and 4-box stages, as deep as fit and, where the grid has more CTAs
+    than ``gpu`` has SMs, as deep as let two CTAs share an SM (3072 rows in 16-row tiles: 192 CTAs in one wave on
+    132 SMs); those alone on an SM also letting the next launch in as they start (``may_start_dependents_early``)."""
+    # gated_tactic maps the table's pick to the nearest tile that can gate, which may leave SMs idle: 3072 x 7168's
+    # 24-row folded tiles (128 CTAs) become 32-row tiles (96 CTAs). These are for timing to choose among.
+    acts = activation_rows_for(batch)
+    found = []
+    for rows in [rows for rows in WEIGHT_ROWS_AS_A if rows % GATE_GROUP_ROWS == 0]:
+        # Where every CTA has an SM anyway, room for two only costs stages.
+        sharing = (1, 2) if grid_ctas(SplitKTactic(rows, acts, 1, 2), n, batch) > gpu.sm_count else (1,)
+        for boxes in K_BOXES:
+            for per_sm in sharing:
+                tactic = SplitKTactic(rows, acts, 1, stages_sharing_an_sm(rows, acts, 1, boxes, per_sm=per_sm, gpu=gpu),
+                                      k_boxes=boxes)
+                # Two stages leave one in flight (2 of 4 boxes ran 3x slower: tuning.candidates.folded_tactics), and
+                # stages wider than half of K no pipeline (one-box stages are K's narrowest).
+                if (tactic.valid and not gated_problems(tactic) and tactic.stages >= MIN_STAGES
+                        and (boxes == 1 or tactic.k_tiles(k) >= 2)):
+                    found.append(tactic)
+    found += [replace(t, dependents_at_start=True) for t in found if may_start_dependents_early(t, gpu)]
+    unique = set(found)  # where room for one CTA already leaves room for two, both depths are one tactic
+    return sorted(unique, key=lambda t: (predicted_time_us(n, k, batch, t, gpu), -t.stages * t.k_boxes, t.label))

@@ -39,16 +39,16 @@ import math
 from dataclasses import replace
 
 from ..kernel.tactic import (
-    ACTIVATION_ROWS_AS_A, BARRIER_BYTES, FOLDS, K_BOXES, MOST_PARTIALS_OF_FOUR_GROUPS, MULTICASTS, SPLITS, WEIGHT_ROWS,
+    ACTIVATION_ROWS_AS_A, FOLDS, K_BOXES, MOST_PARTIALS_OF_FOUR_GROUPS, MULTICASTS, SPLITS, WEIGHT_ROWS,
     WEIGHT_ROWS_AS_A, WEIGHT_ROWS_AS_B, SplitKTactic, max_stages,
 )
 from ..policy.policies import (
     COMPUTE_BOUND_ROWS, HEURISTIC_WEIGHT_ROWS, MIN_STAGES, MOST_CTAS_PER_SM,
     activation_rows_for, activation_tile_choices, covering_rows, ctas_per_sm, default_tactic, largest_split,
-    may_start_dependents_early, predicted_time_us, waves,
+    may_start_dependents_early, predicted_time_us, stages_sharing_an_sm, waves,
 )
 from ..runtime.gpu import H200, GpuSpec
-from ..runtime.sm90 import PORTABLE_CLUSTER, RESERVED_SMEM_PER_CTA, WGMMA_ROWS
+from ..runtime.sm90 import PORTABLE_CLUSTER, WGMMA_ROWS
 
 WIDE_STAGE_CANDIDATES = 4  # slots for 2- and 4-box variants of the best one-box tactics
 SHARED_LOAD_CANDIDATES = 2  # slots for the best tactic with its activations shared by the other of 1, 2 and 4 tiles
@@ -98,9 +98,7 @@ def pool_tactics(k: int, batch: int, gpu: GpuSpec = H200, *, order=None) -> set[
         for rows in [r for r in WEIGHT_ROWS if r in HEURISTIC_WEIGHT_ROWS or acts >= COMPUTE_BOUND_ROWS]:
             for s in splits:
                 for resident in range(1, MOST_CTAS_PER_SM + 1):
-                    probe = SplitKTactic(rows, acts, s, 1, k_boxes=k_boxes)
-                    budget = gpu.smem_per_sm // resident - RESERVED_SMEM_PER_CTA - BARRIER_BYTES
-                    stages = min(max_stages(rows, acts, s, k_boxes), budget // probe.stage_bytes)
+                    stages = stages_sharing_an_sm(rows, acts, s, k_boxes, per_sm=resident, gpu=gpu)
                     tactic = SplitKTactic(rows, acts, s, stages, k_boxes=k_boxes)
                     if stages >= MIN_STAGES and tactic.valid:
                         pool.add(tactic)
