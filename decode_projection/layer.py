@@ -25,6 +25,7 @@ from torch import nn
 
 from .kernel.tactic import GATE_GROUP_ROWS
 from .policy.policies import gated_tactic
+from .runtime.gpu import gpu_spec
 from .projection import (
     OUTPUT_DTYPES, WEIGHT_DTYPES, PreparedProjection, check_batches, check_weight, interleave_gate_up, policies_for,
 )
@@ -260,7 +261,8 @@ class ProjectionLinear(nn.Module):
         current = self.prepared
         try:
             if self.gated_rows is not None:
-                policies = {batch: gated_tactic(tactic) for batch, tactic in policies.items()}
+                gpu = gpu_spec(weight.device)
+                policies = {batch: gated_tactic(tactic, gpu) for batch, tactic in policies.items()}
             # In place only where graphs captured before stay right: the same weight layout (its maps are rewritten)
             # and the same bias storage (its pointer is an argument of every captured launch).
             if (current is not None and current._layout(weight) == current._layout(current.weight)

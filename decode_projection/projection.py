@@ -499,7 +499,8 @@ class PreparedProjection:
         weight = interleave_gate_up(gate_weight, up_weight)
         architecture(weight.device)
         policies, sources = policies_for(weight, batches, output_dtype=output_dtype)
-        gated = {batch: gated_tactic(tactic) for batch, tactic in policies.items()}
+        gpu = gpu_spec(weight.device)
+        gated = {batch: gated_tactic(tactic, gpu) for batch, tactic in policies.items()}
         sources = {batch: source if gated[batch] == policies[batch] else "gated" for batch, source in sources.items()}
         projection = cls(weight, gated, output_dtype=output_dtype, programmatic_launch=programmatic_launch,
                          gated_rows=gate_weight.shape[0])

@@ -806,6 +806,7 @@ def test_a_gated_projection_says_what_it_cannot_take(monkeypatch):
 def test_the_nearest_gated_tactic_keeps_what_it_can():
     from decode_projection.kernel.tactic import gated_problems
     from decode_projection.policy.policies import gated_tactic
+    from decode_projection.runtime.gpu import H100, H200
 
     assert gated_tactic(SplitKTactic(64, 8, 1, 6, k_boxes=4)) == SplitKTactic(64, 8, 1, 6, k_boxes=4)
     for tactic in [SplitKTactic(24, 8, 1, 11, k_boxes=2, fold=2), SplitKTactic(128, 64, 4, 4, k_boxes=2),
@@ -814,6 +815,11 @@ def test_the_nearest_gated_tactic_keeps_what_it_can():
         assert not gated_problems(nearest) and nearest.valid
         assert nearest.activation_rows == tactic.activation_rows and nearest.weight_rows % 16 == 0
         assert nearest.stages == max_stages(nearest.weight_rows, nearest.activation_rows, 1, nearest.k_boxes)
+    # An early start survives where the nearest tile may start early, on either card.
+    for gpu in (H100, H200):
+        early = gated_tactic(SplitKTactic(24, 8, 1, 11, k_boxes=2, dependents_at_start=True, fold=2), gpu)
+        assert early == SplitKTactic(32, 8, 1, 12, k_boxes=2, dependents_at_start=True)
+        assert not gated_tactic(SplitKTactic(48, 64, 2, 6, k_boxes=2), gpu).dependents_at_start
 
 
 @pytest.mark.slow
