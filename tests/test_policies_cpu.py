@@ -13,7 +13,7 @@ from decode_projection.kernel.tactic import SplitKTactic, gated_problems, max_st
 from decode_projection.policy import policies, tables
 from decode_projection.policy.policies import (
     COMPUTE_BOUND_ROWS, STREAMING_STAGE_BYTES, activation_rows_for, activation_tile_choices, default_tactic,
-    filling_tactic, grid_ctas, one_wave_tactic, predicted_time_us, resolve_policies, shared_weight_tactic, waves,
+    filling_tactic, folded_tactic, grid_ctas, one_wave_tactic, predicted_time_us, resolve_policies, shared_weight_tactic, waves,
 )
 from decode_projection.policy.workload import DECODE_BATCHES, KIMI_K3_SHAPES
 from decode_projection.runtime.gpu import H100, H200, GpuSpec, device_index
@@ -28,25 +28,25 @@ def early_start(*fields, **named) -> SplitKTactic:
 
 
 # The heuristic's H200 choices at batches 1, 16, 64 and 256: one tile per SM where N / SMs rounds to 32-192 rows,
-# stages of up to 40 KB, letting the next launch in as it starts (so do unsplit tiles alone on an SM); at 256 two
+# folded into one warpgroup tile at batches up to 16 where N / SMs is 12-32 rows, stages of up to 40 KB, letting the next launch in as it starts (so do unsplit tiles alone on an SM); at 256 two
 # 128-row activation tiles sharing each weight tile where N / 66 rounds to 48-256 rows, else the fullest grid that
 # fits in one wave (sharing no loads where K is under a pipeline's worth), else one weight-as-B tile per SM.
 PINNED = [
-    ((2112, 7168), SplitKTactic(128, 8, 4, 6, k_boxes=2), SplitKTactic(128, 16, 4, 6, k_boxes=2),
+    ((2112, 7168), early_start(16, 8, 1, 4, k_boxes=4, fold=4), SplitKTactic(128, 16, 4, 6, k_boxes=2),
      SplitKTactic(128, 64, 4, 9), SplitKTactic(64, 128, 2, 9)),
     ((2304, 1536), SplitKTactic(128, 8, 4, 6, k_boxes=2), SplitKTactic(128, 16, 4, 6, k_boxes=2),
      SplitKTactic(128, 64, 4, 9), SplitKTactic(48, 128, 1, 10, multicast=2, weight_as_b=True)),
     ((7168, 1536), early_start(56, 8, 1, 6, k_boxes=4), early_start(56, 16, 1, 5, k_boxes=4),
      early_start(56, 64, 1, 7, k_boxes=2), SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True)),
-    ((1536, 7168), SplitKTactic(128, 8, 8, 6, k_boxes=2), SplitKTactic(128, 16, 8, 6, k_boxes=2),
+    ((1536, 7168), early_start(12, 8, 1, 4, k_boxes=4, fold=4), SplitKTactic(128, 16, 8, 6, k_boxes=2),
      SplitKTactic(128, 64, 8, 9), SplitKTactic(64, 256, 4, 5)),
-    ((3072, 7168), SplitKTactic(128, 8, 4, 6, k_boxes=2), SplitKTactic(128, 16, 4, 6, k_boxes=2),
+    ((3072, 7168), early_start(24, 8, 1, 5, k_boxes=4, fold=2), early_start(24, 16, 1, 9, k_boxes=2, fold=2),
      SplitKTactic(128, 64, 4, 9), SplitKTactic(48, 128, 1, 10, multicast=2, weight_as_b=True)),
     ((7168, 768), early_start(56, 8, 1, 6, k_boxes=4), early_start(56, 16, 1, 5, k_boxes=4),
      early_start(56, 64, 1, 7, k_boxes=2), SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True)),
     ((6288, 7168), early_start(48, 8, 1, 6, k_boxes=4), early_start(48, 16, 1, 5, k_boxes=4),
      early_start(48, 64, 1, 7, k_boxes=2), SplitKTactic(96, 128, 1, 8, multicast=2, weight_as_b=True)),
-    ((3584, 7168), early_start(32, 8, 1, 6, k_boxes=4), early_start(32, 16, 1, 5, k_boxes=4),
+    ((3584, 7168), early_start(28, 8, 1, 5, k_boxes=4, fold=2), early_start(28, 16, 1, 9, k_boxes=2, fold=2),
      early_start(32, 64, 1, 7, k_boxes=2), SplitKTactic(64, 128, 1, 9, multicast=2, weight_as_b=True)),
     ((7168, 3584), early_start(56, 8, 1, 6, k_boxes=4), early_start(56, 16, 1, 5, k_boxes=4),
      early_start(56, 64, 1, 7, k_boxes=2), SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True)),
@@ -83,10 +83,31 @@ def test_filling_tiles_put_one_unsplit_tile_on_each_sm():
             assert (tactic.split, tactic.weight_rows % 8, tactic.activation_rows) == (1, 0, activation_rows_for(batch))
             assert rows <= tactic.weight_rows < rows + 8 and grid_ctas(tactic, n, batch) <= H200.sm_count
             assert tactic.stage_bytes <= STREAMING_STAGE_BYTES or tactic.k_boxes == 1
-            assert default_tactic(n, 7168, batch) == replace(tactic, dependents_at_start=True)  # alone on its SM
+            pick = folded_tactic(n, 7168, batch) or tactic  # tiles of at most 32 rows may fold K instead
+            assert default_tactic(n, 7168, batch) == replace(pick, dependents_at_start=True)  # alone on its SM
             assert default_tactic(n, 7168, batch, batch_invariant=True).weight_rows in (64, 128)  # keeps its rule
     # Stages hold at most a third of K: 512 columns take 2 boxes a stage, not 4.
     assert filling_tactic(7168, 512, 1).k_boxes == 2 and filling_tactic(7168, 768, 1).k_boxes == 4
+
+
+def test_folded_tiles_fill_the_sms_where_a_tile_has_at_most_32_rows():
+    for n in range(64, 30000, 136):
+        rows = math.ceil(n / H200.sm_count)
+        for batch in (1, 8, 16, 24, 64, 128):
+            tactic = folded_tactic(n, 7168, batch)
+            acts = activation_rows_for(batch)
+            # The most segments that keep 48 of the warpgroup tile's 64 rows weight and at most 32 activation rows.
+            folds = [f for f in (4, 2) if f * rows <= 64 and f * rows >= 48 and f * acts <= 32]
+            if not folds:
+                assert tactic is None, (n, batch)
+                continue
+            assert (tactic.weight_rows, tactic.activation_rows, tactic.split, tactic.fold) == (rows, acts, 1, folds[0])
+            assert tactic.valid and grid_ctas(tactic, n, batch) <= H200.sm_count and tactic.stages >= 3
+            assert tactic.k_boxes == (4 if acts == 8 else 2)  # 4-box stages only at the smallest activation tile
+            assert default_tactic(n, 7168, batch) == replace(tactic, dependents_at_start=True)  # alone on its SM
+            assert default_tactic(n, 7168, batch, batch_invariant=True).fold == 1  # keeps batch 1's split
+    # 2304 rows (18 a tile) fill 36 of 64 rows at a 2-fold: the split rule; 2112 rows at M=16 (16 of a 2-fold's 32).
+    assert folded_tactic(2304, 1536, 1) is None and folded_tactic(2112, 7168, 16) is None
 
 
 def test_pairs_of_activation_tiles_share_each_weight_tile_past_batch_192():
@@ -654,7 +675,7 @@ def test_a_cluster_no_sm_group_can_hold_is_never_chosen():
     tactics cost infinite waves, and neither the heuristic nor the tuner's candidates offer them."""
     small = GpuSpec("small Hopper", 132, H200.smem_per_sm, 4.0e6, (132, 66, 39, 30, 22, 17, 15, 0))
     assert policies.waves(SplitKTactic(64, 8, 8, 4), 2112, 1, small) == math.inf
-    assert default_tactic(1536, 7168, 1).split == 8  # on the H200
+    assert default_tactic(1536, 7168, 16).split == 8  # on the H200 (batches up to 8 fold K instead)
     for batch in (1, 16, 64, 128, 256):
         for invariant in (False, True):
             assert default_tactic(1536, 7168, batch, small, batch_invariant=invariant).split < 8

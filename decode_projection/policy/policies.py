@@ -5,7 +5,8 @@ enough bytes in flight across the GPU to reach HBM bandwidth, without so many
 CTAs that split-K reductions and re-read activations cost more than they hide.
 Measured on an H200 (docs/streaming.md): the deepest pipeline that fits wins.
 A weight tall enough gets one unsplit tile per SM, each as wide as the SMs
-leave it; for a shorter one about 0.4 CTAs per SM already saturate HBM when
+leave it, or for up to 32 rows per SM folding K into one warpgroup tile at
+small batches; for a shorter one about 0.4 CTAs per SM already saturate HBM when
 each keeps ~200 KB in flight, and past that, extra split only adds reduction
 work. A streaming CTA with an SM to itself lets the next launch in as it
 starts. Compute-bound batches (activation tiles of 96 or more) want the fullest
@@ -19,7 +20,7 @@ import math
 from dataclasses import replace
 
 from ..kernel.tactic import (
-    ACTIVATION_ROWS, ACTIVATION_ROWS_AS_A, BARRIER_BYTES, BOX_K, GATE_GROUP_ROWS, K_BOXES, WEIGHT_ROWS,
+    ACTIVATION_ROWS, ACTIVATION_ROWS_AS_A, BARRIER_BYTES, BOX_K, FOLDS, GATE_GROUP_ROWS, K_BOXES, WEIGHT_ROWS,
     WEIGHT_ROWS_AS_A, WEIGHT_ROWS_AS_B, SplitKTactic, as_tactic, gated_problems, max_stages, resident_ctas,
 )
 from ..runtime.gpu import H200, GpuSpec
@@ -37,6 +38,10 @@ MIN_STAGES = 3  # one-box stages: shallower pipelines never won a sweep (wide st
 # 128-row split tiles with 2.
 STREAMING_STAGE_BYTES = 40 * 1024
 MIN_FILLING_ROWS = WGMMA_ROWS // 2  # fewer rows leave most of a filling tile's 64-row shared-memory tile padding
+# A folded filling tile loads at least this many weight rows into its 64-row warpgroup tile per stage (its rows
+# times the fold): 2304 rows in 2-folds of 18 (36 of 64) ran no faster than the split rule.
+MIN_FOLDED_WEIGHT_ROWS = 3 * WGMMA_ROWS // 4
+MOST_FOLDED_ACTIVATION_ROWS = WGMMA_ROWS // 2  # the fold's activation slots, at most half the weight's tile
 SHARED_WEIGHT_PAIRS = 2  # activation tiles of 128 rows sharing each weight tile at M = 193-256
 MIN_SHARED_WEIGHT_ROWS = 48  # narrower weight tiles shared that way lost to the one-wave rule
 ACTIVATION_SHARERS = (4, 2)  # weight tiles sharing an activation load in one-wave grids, the most first
@@ -72,7 +77,7 @@ def default_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, batch_inv
         return pinned_tactic(n, k, batch, order, gpu)
     if acts >= COMPUTE_BOUND_ROWS and not batch_invariant:
         return shared_weight_tactic(n, k, batch, gpu) or one_wave_tactic(n, k, batch, gpu)
-    filling = None if batch_invariant else filling_tactic(n, k, batch, gpu)
+    filling = None if batch_invariant else folded_tactic(n, k, batch, gpu) or filling_tactic(n, k, batch, gpu)
     if filling is not None:
         return starting_dependents_early(filling, gpu)
     # Streaming batches of shorter weights, and batch-invariant tables at every batch (they keep batch 1's split).
@@ -129,6 +134,35 @@ def filling_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTac
     boxes = streaming_boxes(rows, acts, 1, k)
     tactic = SplitKTactic(rows, acts, 1, max_stages(rows, acts, 1, boxes), k_boxes=boxes)
     return as_tactic(tactic) if tactic.valid else None
+
+
+def folded_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTactic | None:
+    """For streaming batches of a weight of at most 32 rows per SM: one unsplit tile per SM with K folded into its
+    warpgroup tile (the most segments that keep MIN_FOLDED_WEIGHT_ROWS weight rows and at most
+    MOST_FOLDED_ACTIVATION_ROWS activation rows a stage), else None."""
+    # A 64-row shared-memory tile holding one short tile is mostly padding, and splitting K instead pays a cluster
+    # reduction; folded, the tile loads fold x its rows of weight a stage and sums its segments in the CTA
+    # (docs/padded-and-folded-tiles.md). In the tune timings (H100 2026-12-06, H200 2026-12-04/05) these picks of
+    # 1536-3584 rows at M <= 16 ran faster than the split rule's and the 32-row filling tiles in 62 of the 65 cells
+    # timed both ways (pick / best 1.050 -> 1.002 on the H100, 1.068 -> 1.020 and 1.094 -> 1.024 on the H200); the
+    # three slower are 1536 rows at M = 2-3 on the H200 (up to 1.17x). Past M = 16 the fold's activation slots
+    # crowd the stages (the folded tiles the tuner timed at M = 24-64 lost).
+    # Stages: 4 boxes at the smallest activation tile, the tuner's first fold candidate (2112 rows' 4-fold: fastest
+    # timed in every file); from 16 rows on as wide as STREAMING_STAGE_BYTES allows (2 boxes; 4-box: 1.03-1.06x).
+    if gpu.sm_count < 1:
+        return None
+    acts = activation_rows_for(batch)
+    rows = math.ceil(n / gpu.sm_count)
+    for fold in sorted(FOLDS[1:], reverse=True):
+        if (rows > WGMMA_ROWS // fold or rows * fold < MIN_FOLDED_WEIGHT_ROWS
+                or fold * acts > MOST_FOLDED_ACTIVATION_ROWS):
+            continue
+        for boxes in sorted(K_BOXES, reverse=True):
+            tactic = SplitKTactic(rows, acts, 1, max_stages(rows, acts, 1, boxes, fold=fold), k_boxes=boxes, fold=fold)
+            wide = boxes > 1 and acts > ACTIVATION_ROWS[0] and tactic.stage_bytes > STREAMING_STAGE_BYTES
+            if tactic.valid and tactic.stages >= MIN_STAGES and tactic.k_slice(k, rank=0).stages >= 2 and not wide:
+                return as_tactic(tactic)
+    return None
 
 
 def shared_weight_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTactic | None:
