@@ -24,10 +24,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .kernel.tactic import GATE_GROUP_ROWS
-from .policy.policies import gated_tactic
-from .runtime.gpu import gpu_spec
 from .projection import (
-    OUTPUT_DTYPES, WEIGHT_DTYPES, PreparedProjection, check_batches, check_weight, interleave_gate_up, policies_for,
+    OUTPUT_DTYPES, WEIGHT_DTYPES, PreparedProjection, check_batches, check_weight, gated_policies, interleave_gate_up,
+    policies_for,
 )
 from .runtime import architecture
 
@@ -261,8 +260,7 @@ class ProjectionLinear(nn.Module):
         current = self.prepared
         try:
             if self.gated_rows is not None:
-                gpu = gpu_spec(weight.device)
-                policies = {batch: gated_tactic(tactic, gpu) for batch, tactic in policies.items()}
+                policies = gated_policies(policies, weight.device)
             # In place only where graphs captured before stay right: the same weight layout (its maps are rewritten)
             # and the same bias storage (its pointer is an argument of every captured launch).
             if (current is not None and current._layout(weight) == current._layout(current.weight)

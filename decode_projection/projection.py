@@ -344,6 +344,13 @@ def policies_for(weight, batches, *, output_dtype, batch_invariant=False):
     return policies, sources
 
 
+def gated_policies(policies, device) -> dict:
+    """``policies`` with each tactic that cannot gate replaced by the nearest that can on ``device``'s GPU
+    (policy.policies.gated_tactic)."""
+    gpu = gpu_spec(device)
+    return {batch: gated_tactic(tactic, gpu) for batch, tactic in policies.items()}
+
+
 @cache
 def _log_policy_sources(gpu: str, shape: str, sources: tuple) -> None:
     """Say, once per GPU, shape and batches, whether a table or the heuristic chose the tactics."""
@@ -372,6 +379,7 @@ class _Launchable(NamedTuple):
     bias: torch.Tensor | None
     bias_storage: tuple | None  # PreparedProjection._storage(bias) as prepared
     bias_view: object  # the bias as the kernel takes it (None without one)
+    bias_row: torch.Tensor | None  # the bias as a [1, N] view, for run()'s overlap check without a new view per run
     output_rows: int  # N of the output: the weight's rows, or a gated projection's gate rows
 
 
@@ -499,8 +507,7 @@ class PreparedProjection:
         weight = interleave_gate_up(gate_weight, up_weight)
         architecture(weight.device)
         policies, sources = policies_for(weight, batches, output_dtype=output_dtype)
-        gpu = gpu_spec(weight.device)
-        gated = {batch: gated_tactic(tactic, gpu) for batch, tactic in policies.items()}
+        gated = gated_policies(policies, weight.device)
         sources = {batch: source if gated[batch] == policies[batch] else "gated" for batch, source in sources.items()}
         projection = cls(weight, gated, output_dtype=output_dtype, programmatic_launch=programmatic_launch,
                          gated_rows=gate_weight.shape[0])
@@ -557,6 +564,7 @@ class PreparedProjection:
             self._launchable = _Launchable(self.weight, self._storage(self.weight), matrix_view(self.weight),
                                            kernels, extra, self.output_dtype, self.device, epilogue, self.bias,
                                            None if self.bias is None else self._storage(self.bias), bias_view,
+                                           None if self.bias is None else self.bias.detach().unsqueeze(0),
                                            self.gated_rows or self.weight.shape[0])
         return self
 
@@ -668,7 +676,7 @@ class PreparedProjection:
         if (self.bias is not launchable.bias or self.residual != launchable.epilogue.residual
                 or (self.bias is not None and self._storage(self.bias) != launchable.bias_storage)):
             raise ValueError("projection bias or residual changed after prepare(); call prepare() again")
-        if launchable.bias is not None and overlaps(out, launchable.bias.unsqueeze(0)):
+        if launchable.bias_row is not None and overlaps(out, launchable.bias_row):
             raise ValueError("projection output overlaps its bias")
         if not launchable.epilogue.residual:
             if residual is not None:

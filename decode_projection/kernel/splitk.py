@@ -417,10 +417,10 @@ class SplitKGemm:
         acc.fill(0.0)
         addends = None
         if cutlass.const_expr(residual is not None or bias is not None):
-            # Read as the loop starts, so that their loads overlap the weight stream: read after the stores, each
-            # load waited for the store before it (the residual may be ``out``), a round trip per output, 0.2-2.3 us
-            # on the H100 (docs/epilogues.md). The consumers have nothing to do before the first stage, which holds
-            # activations and so waits for the previous kernel anyway; it may write the residual or the bias.
+            # Read as the loop starts, so that their loads overlap the weight stream: read beside the stores, each
+            # load would wait for the store before it (the residual may be ``out``), a round trip per output
+            # (docs/epilogues.md). The consumers have nothing to do before the first stage, which holds activations
+            # and so waits for the previous kernel anyway; that kernel may write the residual or the bias.
             cute.arch.griddepcontrol_wait()
             addends = self.load_addends(tiled_mma, tidx, work, out, residual, bias)
         tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
@@ -565,14 +565,10 @@ class SplitKGemm:
         col0, repeated = self.activation_origin(work.m_tile, out.shape[1])
         rows, cols = out.shape[0], out.shape[1]
         if cutlass.const_expr(t.fold > 1):
-            # store_folded's outputs: consecutive weight rows across the threads.
-            outputs = t.weight_rows * t.activation_rows
             found = []
-            for i in cutlass.range_constexpr(math.ceil(outputs / self.consumer_threads)):
-                index = tidx + i * self.consumer_threads
-                n, m = index % t.weight_rows, index // t.weight_rows
-                found.append((row0 + n, col0 + m,
-                              index < outputs and row0 + n < rows and col0 + m < cols and m >= repeated))
+            for i in cutlass.range_constexpr(self.folded_slots):
+                n, m, stored = self.folded_output(i, tidx, row0, col0, rows, cols, repeated)
+                found.append((row0 + n, col0 + m, stored))
             return found
         coords = tiled_mma.get_slice(tidx).partition_C(cute.make_identity_tensor(t.tile_mnk[:2]))
         found = []
@@ -587,10 +583,10 @@ class SplitKGemm:
 
     @cute.jit
     def load_addends(self, tiled_mma, tidx, work, out, residual, bias) -> Addends:
-        """The bias and residual of every output this thread stores, in FP32 registers (Addends). Only outputs the
-        CTA stores are read: a residual that is ``out`` is then read by its writer alone."""
-        # Kept as loaded and converted only in ``finish`` (held_until_here): waited for before the loop, the loads
-        # queue behind the weight stages in flight and hold up the first wgmma (1.6 us at 7168x4224 M=1, H100).
+        """The bias and residual of every output this thread stores, in registers as loaded (Addends). Only outputs
+        the CTA stores are read: a residual that is ``out`` is then read by its writer alone."""
+        # Converted only in ``finish`` (held_until_here): waited for before the loop, the loads queue behind the
+        # weight stages in flight and hold up the first wgmma (1.6 us at 7168x4224 M=1 after glue, H100).
         outputs = self.thread_outputs(tiled_mma, tidx, work, out)
         bias_values = residual_values = None
         if cutlass.const_expr(bias is not None):
@@ -714,18 +710,30 @@ class SplitKGemm:
                 partials[a_row % t.slot_rows, b_row % t.activation_rows, segment] = acc[r]
         cute.arch.barrier(barrier_id=STAGING_BARRIER, number_of_threads=self.consumer_threads)
         rows, cols = out.shape[0], out.shape[1]
-        outputs = t.weight_rows * t.activation_rows
-        for i in cutlass.range_constexpr(math.ceil(outputs / self.consumer_threads)):
-            index = tidx + i * self.consumer_threads
-            n, m = index % t.weight_rows, index // t.weight_rows
-            # ``stores``'s mask, written out (calling it changed the SASS; a folded tile's n is never padding).
-            if index < outputs and row0 + n < rows and col0 + m < cols and m >= repeated:
+        for i in cutlass.range_constexpr(self.folded_slots):
+            n, m, stored = self.folded_output(i, tidx, row0, col0, rows, cols, repeated)
+            if stored:
                 total = partials[n, m, 0]
                 for segment in cutlass.range_constexpr(1, t.fold):
                     total = total + partials[n, m, segment]
                 if cutlass.const_expr(addends is not None):
                     total = self.finish(total, addends, i)
                 self.store_kept_in_l2(out, row0 + n, col0 + m, total.to(out.element_type))
+
+    @property
+    def folded_slots(self) -> int:
+        """Outputs each consumer thread sums and stores in a folded tile (SplitKGemm.store_folded)."""
+        return math.ceil(self.tactic.weight_rows * self.tactic.activation_rows / self.consumer_threads)
+
+    @cute.jit
+    def folded_output(self, i, tidx, row0, col0, rows, cols, repeated):
+        """``(n, m, stored)``: the tile element of thread ``tidx``'s ``i``-th folded output (consecutive weight rows
+        across the threads) and whether the tile stores it: ``stores``'s mask written out (calling it changed the
+        SASS; a folded tile's n is never padding)."""
+        t = self.tactic
+        index = tidx + i * self.consumer_threads
+        n, m = index % t.weight_rows, index // t.weight_rows
+        return n, m, index < t.weight_rows * t.activation_rows and row0 + n < rows and col0 + m < cols and m >= repeated
 
     @cute.jit
     def send_partial(self, vector, buffer, offset, arrived, g, sharer):
