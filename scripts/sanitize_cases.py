@@ -185,6 +185,9 @@ FEATURES = {
     "gated, padded weight tiles": lambda c: c.gated and c.padded,
     "gated, activations multicast": lambda c: c.gated and c.tactic.activation_sharers > 1,
     "gated, N not whole groups of 8": lambda c: c.gated and c.n % 8 != 0,
+    "gated, split-K reduction": lambda c: c.gated and c.epilogue == "reduction",
+    "gated, split-K reduction of four ranks, FP32 output": lambda c: (
+        c.gated and c.epilogue == "reduction" and c.tactic.split == 4 and c.output_dtype == FP32),
 }
 
 T = SplitKTactic
@@ -276,6 +279,9 @@ CASES = [
     Case(T(32, 8, 1, 12, k_boxes=2), 150, 1000, 5, gated=True),
     Case(T(48, 64, 1, 7, k_boxes=2), 200, 1000, 100, gated=True),
     Case(T(64, 64, 1, 3, multicast=2), 260, 1000, 64, output_dtype=FP32, gated=True),
+    # Gated split K: each rank's vector holds a gate pair and its up pair (ragged N and K, two activation tiles).
+    Case(T(48, 16, 2, 11, k_boxes=2), 200, 1000, 12, gated=True),
+    Case(T(128, 32, 4, 5), 300, 1544, 40, output_dtype=FP32, gated=True),
 ]
 del T
 

@@ -151,9 +151,9 @@ EPILOGUE_CASES = [
     (torch.float16, torch.float16, None, "apart"),
     (torch.bfloat16, torch.bfloat16, torch.bfloat16, "apart"),
 ]
-# Gated projections (weight as A, unsplit, unfolded, whole 16-row groups): direct stores of one warpgroup and of a
+# Gated projections (weight as A, unfolded, whole 16-row groups): direct stores of one warpgroup and of a
 # padded 32-row tile, staged (a padded 48-row tile too), activations multicast, two column groups, three
-# warpgroups.
+# warpgroups; split K.
 GATED_PATHS = [
     SplitKTactic(64, 8, 1, 6, k_boxes=4),
     SplitKTactic(32, 8, 1, 12, k_boxes=2),
@@ -162,4 +162,8 @@ GATED_PATHS = [
     SplitKTactic(64, 64, 1, 3, multicast=2),
     SplitKTactic(64, 256, 1, 4, column_groups=2),
     SplitKTactic(192, 16, 1, 4),
+    # Split K, its reduction vectors 4 wide: a gate pair and its up pair per vector.
+    SplitKTactic(48, 64, 2, 6, k_boxes=2),
+    SplitKTactic(48, 16, 2, 11, k_boxes=2),
+    SplitKTactic(128, 32, 4, 5),
 ]

@@ -789,8 +789,8 @@ def test_a_gated_projection_says_what_it_cannot_take(monkeypatch):
         PreparedProjection(weight, {1: tactic}, gated_rows=True)
     with pytest.raises(ValueError, match="takes no bias or residual"):
         PreparedProjection(weight, {1: tactic}, gated_rows=40, residual=True)
-    for cannot, reason in [(SplitKTactic(64, 8, 2, 6), "split or folded"),
-                           (SplitKTactic(24, 8, 1, 6, k_boxes=2, fold=2), "split or folded"),
+    for cannot, reason in [(SplitKTactic(64, 8, 2, 6), "split K reduces vectors of 2 accumulators"),
+                           (SplitKTactic(24, 8, 1, 6, k_boxes=2, fold=2), "folded K"),
                            (SplitKTactic(56, 8, 1, 6), "not whole groups of 16"),
                            (SplitKTactic(64, 128, 1, 4, weight_as_b=True), "weight as B")]:
         with pytest.raises(ValueError, match=f"policy batch 1: .* cannot gate: .*{reason}"):
@@ -809,7 +809,9 @@ def test_the_nearest_gated_tactic_keeps_what_it_can():
     from decode_projection.runtime.gpu import H100, H200
 
     assert gated_tactic(SplitKTactic(64, 8, 1, 6, k_boxes=4)) == SplitKTactic(64, 8, 1, 6, k_boxes=4)
-    for tactic in [SplitKTactic(24, 8, 1, 11, k_boxes=2, fold=2), SplitKTactic(128, 64, 4, 4, k_boxes=2),
+    # Split K gates where its reduction vectors are 4 wide.
+    assert gated_tactic(SplitKTactic(128, 64, 4, 4, k_boxes=2)) == SplitKTactic(128, 64, 4, 4, k_boxes=2)
+    for tactic in [SplitKTactic(24, 8, 1, 11, k_boxes=2, fold=2), SplitKTactic(64, 8, 2, 6, k_boxes=2),
                    SplitKTactic(48, 128, 1, 10, multicast=2, weight_as_b=True), SplitKTactic(56, 16, 1, 6)]:
         nearest = gated_tactic(tactic)
         assert not gated_problems(nearest) and nearest.valid

@@ -473,14 +473,10 @@ class SplitKGemm:
             self.store_folded(acc, coords, storage, out, addends, row0, col0, repeated)
         elif cutlass.const_expr(self.stages_output(out.element_type)):
             self.store_staged(acc, coords, storage, out, addends, row0, col0, repeated)
-        elif cutlass.const_expr(self.gated):
+        elif cutlass.const_expr(self.gated and t.split == 1):
             for r in cutlass.range_constexpr(cute.size(acc)):
                 if cutlass.const_expr(r // 2 % 2 == 0):  # a gate row: its up row is 8 rows below, acc[r + 2]
-                    n, m = coords[r]
-                    out_n = n // 16 * 8 + n % 8
-                    if n < t.weight_rows and row0 // 2 + out_n < rows and col0 + m < cols and m >= repeated:
-                        value = self.gate(acc[r], acc[r + 2])
-                        self.store_kept_in_l2(out, row0 // 2 + out_n, col0 + m, value.to(out.element_type))
+                    self.store_gated(out, acc[r], acc[r + 2], coords[r], row0, col0, repeated)
         elif cutlass.const_expr(t.split == 1):
             for r in cutlass.range_constexpr(cute.size(acc)):
                 n, m = self.output_index(coords[r])
@@ -611,6 +607,17 @@ class SplitKGemm:
         if cutlass.const_expr(addends.residual is not None):
             value = value + held_until_here(addends.residual[i]).to(cutlass.Float32)
         return value
+
+    @cute.jit
+    def store_gated(self, out, gate, up, coord, row0, col0, repeated):
+        """silu(gate) * up of the gate row at tile element ``coord`` (its up row eight below) to output row
+        ``(n // 16) * 8 + n % 8`` of the tile's half as many, where this tile stores it (EVICT_LAST)."""
+        n, m = coord
+        out_n = n // 16 * 8 + n % 8
+        if (n < self.tactic.weight_rows and row0 // 2 + out_n < out.shape[0] and col0 + m < out.shape[1]
+                and m >= repeated):
+            value = self.gate(gate, up)
+            self.store_kept_in_l2(out, row0 // 2 + out_n, col0 + m, value.to(out.element_type))
 
     @cute.jit
     def gate(self, gate, up):
@@ -856,14 +863,20 @@ class SplitKGemm:
                         peer = sums[None, tidx, g // t.split, t.reduction_slot(s, own)].load()
                         part = [peer[j] for j in range(width)]
                     total = part if total is None else [a + b for a, b in zip(total, part)]
-                for j in cutlass.range_constexpr(width):
-                    n, m = self.output_index(coords[g * width + j])
-                    if cutlass.const_expr(addends is None):
-                        value = total[j].to(out.element_type)
-                        if self.stores(n, m, row0, col0, rows, cols, repeated):
-                            self.store_kept_in_l2(out, row0 + n, col0 + m, value)
-                    else:
-                        # The residual and bias join the fixed-order sum once, on the rank that stores it.
-                        if self.stores(n, m, row0, col0, rows, cols, repeated):
-                            value = self.finish(total[j], addends, g * width + j)
-                            self.store_kept_in_l2(out, row0 + n, col0 + m, value.to(out.element_type))
+                if cutlass.const_expr(self.gated):
+                    # A gated tactic's vectors are 4 wide (gated_problems): columns m and m + 1 of a gate row,
+                    # then of its up row.
+                    for j in cutlass.range_constexpr(2):
+                        self.store_gated(out, total[j], total[j + 2], coords[g * width + j], row0, col0, repeated)
+                else:
+                    for j in cutlass.range_constexpr(width):
+                        n, m = self.output_index(coords[g * width + j])
+                        if cutlass.const_expr(addends is None):
+                            value = total[j].to(out.element_type)
+                            if self.stores(n, m, row0, col0, rows, cols, repeated):
+                                self.store_kept_in_l2(out, row0 + n, col0 + m, value)
+                        else:
+                            # The residual and bias join the fixed-order sum once, on the rank that stores it.
+                            if self.stores(n, m, row0, col0, rows, cols, repeated):
+                                value = self.finish(total[j], addends, g * width + j)
+                                self.store_kept_in_l2(out, row0 + n, col0 + m, value.to(out.element_type))

@@ -458,14 +458,18 @@ GATE_GROUP_ROWS = 16
 
 
 def gated_problems(tactic: SplitKTactic) -> list[str]:
-    """Why ``tactic`` cannot run a gated projection (SplitKGemm's ``gated``), if it cannot: each thread must hold a
-    gate row's sums and, eight rows below, its up row's, whole (the weight as A, unsplit, unfolded), in tiles of
-    whole 16-row interleave groups."""
+    """Why ``tactic`` cannot run a gated projection (SplitKGemm's ``gated``), if it cannot: each output's gate sum
+    and, eight rows below, its up sum must meet in one thread (the weight as A, unfolded), in tiles of whole 16-row
+    interleave groups; split, in one reduction vector, which then holds a gate pair and its up pair."""
     problems = []
     if tactic.weight_as_b:
         problems.append("the weight as B spreads a weight row over threads")
-    if tactic.split > 1 or tactic.fold > 1:
-        problems.append("split or folded K sums each row's partials apart")
+    if tactic.fold > 1:
+        problems.append("folded K sums each row's segments in other threads")
+    if tactic.split > 1 and tactic.reduction_vector != 4:
+        # Vector g holds accumulators 4g..4g+3: columns m and m + 1 of rows n and n + 8, gate and up.
+        problems.append(f"split K reduces vectors of {tactic.reduction_vector} accumulators, which part a gate row's "
+                        "sums from its up row's (4 keep them together: at least 4 per rank)")
     if tactic.weight_rows % GATE_GROUP_ROWS:
         problems.append(f"weight rows {tactic.weight_rows} are not whole groups of {GATE_GROUP_ROWS}")
     return problems
