@@ -260,7 +260,7 @@ class ProjectionLinear(nn.Module):
         current = self.prepared
         try:
             if self.gated_rows is not None:
-                policies = gated_policies(policies, weight.device)
+                policies = gated_policies(policies, weight)
             # In place only where graphs captured before stay right: the same weight layout (its maps are rewritten)
             # and the same bias storage (its pointer is an argument of every captured launch).
             if (current is not None and current._layout(weight) == current._layout(current.weight)

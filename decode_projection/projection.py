@@ -344,11 +344,11 @@ def policies_for(weight, batches, *, output_dtype, batch_invariant=False):
     return policies, sources
 
 
-def gated_policies(policies, device) -> dict:
-    """``policies`` with each tactic that cannot gate replaced by the nearest that can on ``device``'s GPU
-    (policy.policies.gated_tactic)."""
-    gpu = gpu_spec(device)
-    return {batch: gated_tactic(tactic, gpu) for batch, tactic in policies.items()}
+def gated_policies(policies, weight: torch.Tensor) -> dict:
+    """``policies`` with each tactic that cannot gate the interleaved ``weight`` replaced by the nearest that can on
+    its GPU (policy.policies.gated_tactic)."""
+    gpu = gpu_spec(weight.device)
+    return {batch: gated_tactic(tactic, weight.shape[0], batch, gpu) for batch, tactic in policies.items()}
 
 
 @cache
@@ -507,7 +507,7 @@ class PreparedProjection:
         weight = interleave_gate_up(gate_weight, up_weight)
         architecture(weight.device)
         policies, sources = policies_for(weight, batches, output_dtype=output_dtype)
-        gated = gated_policies(policies, weight.device)
+        gated = gated_policies(policies, weight)
         sources = {batch: source if gated[batch] == policies[batch] else "gated" for batch, source in sources.items()}
         projection = cls(weight, gated, output_dtype=output_dtype, programmatic_launch=programmatic_launch,
                          gated_rows=gate_weight.shape[0])

@@ -282,6 +282,8 @@ CASES = [
     # Gated split K: each rank's vector holds a gate pair and its up pair (ragged N and K, two activation tiles).
     Case(T(48, 16, 2, 11, k_boxes=2), 200, 1000, 12, gated=True),
     Case(T(128, 32, 4, 5), 300, 1544, 40, output_dtype=FP32, gated=True),
+    # A weight-as-B tactic's gated nearest at M = 256: one activation tile over the batch, split in two.
+    Case(T(64, 256, 2, 5), 100, 1000, 250, gated=True),
 ]
 del T
 

@@ -166,4 +166,8 @@ GATED_PATHS = [
     SplitKTactic(48, 64, 2, 6, k_boxes=2),
     SplitKTactic(48, 16, 2, 11, k_boxes=2),
     SplitKTactic(128, 32, 4, 5),
+    # What a weight-as-B tactic at M = 256 gates as: one activation tile covering the batch, split where it fills
+    # the SMs (gate/up pairs of 3072 and 8448 rows on the H100).
+    SplitKTactic(64, 256, 2, 5),
+    SplitKTactic(64, 256, 1, 5),
 ]

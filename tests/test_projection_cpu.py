@@ -7,6 +7,7 @@ import re
 import threading
 import time
 import weakref
+from dataclasses import replace
 
 import cutlass
 import cutlass.cute as cute
@@ -808,20 +809,43 @@ def test_the_nearest_gated_tactic_keeps_what_it_can():
     from decode_projection.policy.policies import gated_tactic
     from decode_projection.runtime.gpu import H100, H200
 
-    assert gated_tactic(SplitKTactic(64, 8, 1, 6, k_boxes=4)) == SplitKTactic(64, 8, 1, 6, k_boxes=4)
+    assert gated_tactic(SplitKTactic(64, 8, 1, 6, k_boxes=4), 3072, 8) == SplitKTactic(64, 8, 1, 6, k_boxes=4)
     # Split K gates where its reduction vectors are 4 wide.
-    assert gated_tactic(SplitKTactic(128, 64, 4, 4, k_boxes=2)) == SplitKTactic(128, 64, 4, 4, k_boxes=2)
+    assert gated_tactic(SplitKTactic(128, 64, 4, 4, k_boxes=2), 3072, 64) == SplitKTactic(128, 64, 4, 4, k_boxes=2)
     for tactic in [SplitKTactic(24, 8, 1, 11, k_boxes=2, fold=2), SplitKTactic(64, 8, 2, 6, k_boxes=2),
-                   SplitKTactic(48, 128, 1, 10, multicast=2, weight_as_b=True), SplitKTactic(56, 16, 1, 6)]:
-        nearest = gated_tactic(tactic)
-        assert not gated_problems(nearest) and nearest.valid
+                   SplitKTactic(56, 16, 1, 6)]:
+        nearest = gated_tactic(tactic, 3072, tactic.activation_rows)
+        assert not gated_problems(nearest) and nearest.valid and nearest.split == 1
         assert nearest.activation_rows == tactic.activation_rows and nearest.weight_rows % 16 == 0
         assert nearest.stages == max_stages(nearest.weight_rows, nearest.activation_rows, 1, nearest.k_boxes)
     # An early start survives where the nearest tile may start early, on either card.
     for gpu in (H100, H200):
-        early = gated_tactic(SplitKTactic(24, 8, 1, 11, k_boxes=2, dependents_at_start=True, fold=2), gpu)
+        early = gated_tactic(SplitKTactic(24, 8, 1, 11, k_boxes=2, dependents_at_start=True, fold=2), 3072, 8, gpu)
         assert early == SplitKTactic(32, 8, 1, 12, k_boxes=2, dependents_at_start=True)
-        assert not gated_tactic(SplitKTactic(48, 64, 2, 6, k_boxes=2), gpu).dependents_at_start
+        assert not gated_tactic(SplitKTactic(48, 64, 2, 6, k_boxes=2), 3072, 64, gpu).dependents_at_start
+
+
+@pytest.mark.parametrize("n, batch, tactic", [
+    (8448, 256, SplitKTactic(128, 128, 1, 7, multicast=2, weight_as_b=True)),
+    (3072, 256, SplitKTactic(48, 128, 1, 5, k_boxes=2, multicast=2, weight_as_b=True)),
+    (3072, 192, SplitKTactic(96, 64, 1, 11, multicast=3, weight_as_b=True)),
+    (8448, 128, SplitKTactic(128, 64, 1, 9, multicast=2, weight_as_b=True)),
+])
+def test_a_gated_weight_as_b_tactic_still_reads_the_weight_once(n, batch, tactic):
+    from decode_projection.kernel.tactic import gated_problems
+    from decode_projection.policy.policies import gated_tactic, waves
+    from decode_projection.runtime.gpu import H100
+
+    # Its activation tiles shared each weight load (multicast): the nearest's one activation tile covers them, and
+    # the tiles of a compute-bound batch split K as far as one wave holds them.
+    nearest = gated_tactic(tactic, n, batch, H100)
+    assert not gated_problems(nearest) and nearest.valid and not nearest.weight_as_b
+    assert nearest.activation_rows >= tactic.activation_rows * tactic.multicast
+    assert nearest.grid_rows(batch) == 1
+    assert waves(nearest, n, batch, H100) == 1 and nearest.stages >= 3
+    doubled = replace(nearest, split=2 * nearest.split, stages=max_stages(64, nearest.activation_rows,
+                                                                          2 * nearest.split, nearest.k_boxes))
+    assert not doubled.valid or gated_problems(doubled) or waves(doubled, n, batch, H100) > 1 or doubled.stages < 3
 
 
 @pytest.mark.slow

@@ -348,22 +348,34 @@ def resolve_policies(n, k, batches, *, gpu: GpuSpec, weight_dtype, output_dtype,
     return {**guessed, **tuned}, {b: "table" if b in tuned else "heuristic" for b in batches}
 
 
-def gated_tactic(tactic: SplitKTactic, gpu: GpuSpec = H200) -> SplitKTactic:
-    """``tactic`` where it can run a gated projection (kernel.tactic.gated_problems), else the nearest that can: the
-    weight as A, unsplit and unfolded, its tile rounded up to whole 16-row gate groups (64 rows for a weight-as-B
-    tactic), its activation tile and K boxes kept where they fit, as many stages as fit, and letting the next launch
-    in as it starts where ``tactic`` did and the nearest may (``may_start_dependents_early``)."""
+def gated_tactic(tactic: SplitKTactic, n: int, batch: int, gpu: GpuSpec = H200) -> SplitKTactic:
+    """``tactic`` where it can run a gated projection of an interleaved weight of ``n`` rows at ``batch``
+    (kernel.tactic.gated_problems), else the nearest that can: the weight as A, unfolded, its tile rounded up to
+    whole 16-row gate groups, its activation tile and K boxes kept where they fit, as many stages as fit, and letting
+    the next launch in as it starts where ``tactic`` did and the nearest may (``may_start_dependents_early``).
+    A weight-as-B tactic becomes 64-row tiles over one activation tile as tall as the tiles that shared each of its
+    weight loads, so the weight is still read once; a compute-bound nearest splits K as far as its grid still fits
+    one wave, the tensor cores of every SM then working on the batch."""
     # The early start is worth keeping: on the H100, 3072 x 7168's 32-row gated tiles at M = 1 and 8 took 15.0-15.3
-    # us back to back with it and 16.2-16.3 without, the same after glue (docs/epilogues.md).
+    # us back to back with it and 16.2-16.3 without, the same after glue (docs/epilogues.md). Streaming tiles keep
+    # their split: 1536 x 7168's gated 48-row tiles at M = 1 took 16.2 us split in two, 15.6 us unsplit.
     if not gated_problems(tactic):
         return tactic
-    rows = WGMMA_ROWS if tactic.weight_as_b else math.ceil(tactic.weight_rows / GATE_GROUP_ROWS) * GATE_GROUP_ROWS
-    rows = min(rows, WEIGHT_ROWS[-1])
-    for boxes in dict.fromkeys((tactic.k_boxes, 1)):
-        nearest = SplitKTactic(rows, tactic.activation_rows, 1, max_stages(rows, tactic.activation_rows, 1, boxes),
-                               k_boxes=boxes)
-        if nearest.valid:
-            return as_tactic(starting_dependents_early(nearest, gpu) if tactic.dependents_at_start else nearest)
+    if tactic.weight_as_b:
+        rows = WGMMA_ROWS
+        shared = tactic.activation_rows * tactic.weight_sharers
+        acts = next((a for a in ACTIVATION_ROWS if a >= shared), ACTIVATION_ROWS[-1])
+    else:
+        rows = min(math.ceil(tactic.weight_rows / GATE_GROUP_ROWS) * GATE_GROUP_ROWS, WEIGHT_ROWS[-1])
+        acts = tactic.activation_rows
+    splits = HEURISTIC_SPLITS[::-1] if acts >= COMPUTE_BOUND_ROWS else (1,)
+    for split in splits:
+        for boxes in dict.fromkeys((tactic.k_boxes, 1)):
+            nearest = SplitKTactic(rows, acts, split, max_stages(rows, acts, split, boxes), k_boxes=boxes)
+            # Two stages leave one in flight: a split tile must keep the pipeline as deep as the heuristic's.
+            if nearest.valid and not gated_problems(nearest) and (
+                    split == 1 or (nearest.stages >= MIN_STAGES and waves(nearest, n, batch, gpu) == 1)):
+                return as_tactic(starting_dependents_early(nearest, gpu) if tactic.dependents_at_start else nearest)
     raise ValueError(f"no gated tactic near {tactic}")
 
 
