@@ -284,6 +284,9 @@ CASES = [
     Case(T(128, 32, 4, 5), 300, 1544, 40, output_dtype=FP32, gated=True),
     # A weight-as-B tactic's gated nearest at M = 256: one activation tile over the batch, split in two.
     Case(T(64, 256, 2, 5), 100, 1000, 250, gated=True),
+    # Gated with the weight as B: a gate row and its up row in neighbouring 8-column blocks; staged, and direct.
+    Case(T(48, 128, 1, 5, k_boxes=2, multicast=2, weight_as_b=True), 100, 1000, 250, gated=True),
+    Case(T(64, 192, 1, 7, weight_as_b=True), 70, 1000, 190, output_dtype=FP32, gated=True),
 ]
 del T
 

@@ -166,8 +166,13 @@ GATED_PATHS = [
     SplitKTactic(48, 64, 2, 6, k_boxes=2),
     SplitKTactic(48, 16, 2, 11, k_boxes=2),
     SplitKTactic(128, 32, 4, 5),
-    # What a weight-as-B tactic at M = 256 gates as: one activation tile covering the batch, split where it fills
-    # the SMs (gate/up pairs of 3072 and 8448 rows on the H100).
+    # What a weight-as-B tactic that cannot gate becomes at M = 256: one activation tile covering the batch, split
+    # where it fills the SMs.
     SplitKTactic(64, 256, 2, 5),
     SplitKTactic(64, 256, 1, 5),
+    # The weight as B: a gate row's and its up row's sums in neighbouring 8-column blocks (the H100 tables' M = 256
+    # tactics of the gate/up pairs, staged; three warpgroups over 192 activation rows).
+    SplitKTactic(128, 128, 1, 7, multicast=2, weight_as_b=True),
+    SplitKTactic(48, 128, 1, 5, k_boxes=2, multicast=2, weight_as_b=True),
+    SplitKTactic(64, 192, 1, 7, weight_as_b=True),
 ]

@@ -793,7 +793,7 @@ def test_a_gated_projection_says_what_it_cannot_take(monkeypatch):
     for cannot, reason in [(SplitKTactic(64, 8, 2, 6), "split K reduces vectors of 2 accumulators"),
                            (SplitKTactic(24, 8, 1, 6, k_boxes=2, fold=2), "folded K"),
                            (SplitKTactic(56, 8, 1, 6), "not whole groups of 16"),
-                           (SplitKTactic(64, 128, 1, 4, weight_as_b=True), "weight as B")]:
+                           (SplitKTactic(64, 128, 2, 4, weight_as_b=True), "split K with the weight as B")]:
         with pytest.raises(ValueError, match=f"policy batch 1: .* cannot gate: .*{reason}"):
             PreparedProjection(weight, {1: cannot}, gated_rows=40)
     gated = PreparedProjection(weight, {4: tactic}, gated_rows=40).prepare()
@@ -825,22 +825,37 @@ def test_the_nearest_gated_tactic_keeps_what_it_can():
         assert not gated_tactic(SplitKTactic(48, 64, 2, 6, k_boxes=2), 3072, 64, gpu).dependents_at_start
 
 
-@pytest.mark.parametrize("n, batch, tactic", [
-    (8448, 256, SplitKTactic(128, 128, 1, 7, multicast=2, weight_as_b=True)),
-    (3072, 256, SplitKTactic(48, 128, 1, 5, k_boxes=2, multicast=2, weight_as_b=True)),
-    (3072, 192, SplitKTactic(96, 64, 1, 11, multicast=3, weight_as_b=True)),
-    (8448, 128, SplitKTactic(128, 64, 1, 9, multicast=2, weight_as_b=True)),
+@pytest.mark.parametrize("tactic", [
+    SplitKTactic(128, 128, 1, 7, multicast=2, weight_as_b=True),
+    SplitKTactic(48, 128, 1, 5, k_boxes=2, multicast=2, weight_as_b=True),
+    SplitKTactic(96, 64, 1, 11, multicast=3, weight_as_b=True),
+    SplitKTactic(64, 192, 1, 7, weight_as_b=True),
 ])
-def test_a_gated_weight_as_b_tactic_still_reads_the_weight_once(n, batch, tactic):
+def test_the_tables_weight_as_b_tactics_gate_as_they_are(tactic):
+    from decode_projection.policy.policies import gated_tactic
+    from decode_projection.runtime.gpu import H100
+
+    # Columns c and c + 8 of B, a gate row and its up row, meet in one thread (kernel.tactic.GATE_GROUP_ROWS).
+    assert gated_tactic(tactic, 8448, 256, H100) == tactic
+
+
+@pytest.mark.parametrize("n, batch, tactic", [
+    (8448, 256, SplitKTactic(72, 128, 1, 9, multicast=3, weight_as_b=True)),
+    (3072, 192, SplitKTactic(72, 64, 1, 13, multicast=3, weight_as_b=True)),
+    (8448, 128, SplitKTactic(64, 64, 2, 14, multicast=2, weight_as_b=True)),
+    (3072, 256, SplitKTactic(48, 128, 2, 5, k_boxes=2, multicast=2, weight_as_b=True)),
+])
+def test_a_weight_as_b_tactic_that_cannot_gate_still_reads_the_weight_once(n, batch, tactic):
     from decode_projection.kernel.tactic import gated_problems
     from decode_projection.policy.policies import gated_tactic, waves
     from decode_projection.runtime.gpu import H100
 
     # Its activation tiles shared each weight load (multicast): the nearest's one activation tile covers them, and
     # the tiles of a compute-bound batch split K as far as one wave holds them.
+    assert tactic.valid and gated_problems(tactic)
     nearest = gated_tactic(tactic, n, batch, H100)
     assert not gated_problems(nearest) and nearest.valid and not nearest.weight_as_b
-    assert nearest.activation_rows >= tactic.activation_rows * tactic.multicast
+    assert nearest.activation_rows >= min(tactic.activation_rows * tactic.multicast, batch)
     assert nearest.grid_rows(batch) == 1
     assert waves(nearest, n, batch, H100) == 1 and nearest.stages >= 3
     doubled = replace(nearest, split=2 * nearest.split, stages=max_stages(64, nearest.activation_rows,

@@ -475,8 +475,9 @@ class SplitKGemm:
             self.store_staged(acc, coords, storage, out, addends, row0, col0, repeated)
         elif cutlass.const_expr(self.gated and t.split == 1):
             for r in cutlass.range_constexpr(cute.size(acc)):
-                if cutlass.const_expr(r // 2 % 2 == 0):  # a gate row: its up row is 8 rows below, acc[r + 2]
-                    self.store_gated(out, acc[r], acc[r + 2], coords[r], row0, col0, repeated)
+                if cutlass.const_expr(self.holds_gate(r)):
+                    self.store_gated(out, acc[r], acc[r + self.up_offset], self.output_index(coords[r]), row0, col0,
+                                     repeated)
         elif cutlass.const_expr(t.split == 1):
             for r in cutlass.range_constexpr(cute.size(acc)):
                 n, m = self.output_index(coords[r])
@@ -608,10 +609,21 @@ class SplitKGemm:
             value = value + held_until_here(addends.residual[i]).to(cutlass.Float32)
         return value
 
+    @property
+    def up_offset(self) -> int:
+        """How far past a gate row's accumulator its up row's is (eight weight rows on): the fragment's second mode
+        (rows r and r + 8 of A, stride 2) with the weight as A, its third (8-column blocks of B, stride 4) as B."""
+        return 4 if self.tactic.weight_as_b else 2
+
+    def holds_gate(self, r) -> bool:
+        """Whether accumulator ``r`` is a gate row's (the first 8 of each 16 interleaved weight rows)."""
+        return r // self.up_offset % 2 == 0
+
     @cute.jit
     def store_gated(self, out, gate, up, coord, row0, col0, repeated):
-        """silu(gate) * up of the gate row at tile element ``coord`` (its up row eight below) to output row
-        ``(n // 16) * 8 + n % 8`` of the tile's half as many, where this tile stores it (EVICT_LAST)."""
+        """silu(gate) * up of the gate row at tile element ``coord`` (weight row, activation row; its up row eight
+        below) to output row ``(n // 16) * 8 + n % 8`` of the tile's half as many, where this tile stores it
+        (EVICT_LAST)."""
         n, m = coord
         out_n = n // 16 * 8 + n % 8
         if (n < self.tactic.weight_rows and row0 // 2 + out_n < out.shape[0] and col0 + m < out.shape[1]
@@ -658,8 +670,8 @@ class SplitKGemm:
         for r in cutlass.range_constexpr(cute.size(acc)):
             n, m = self.output_index(coords[r])
             if cutlass.const_expr(self.gated):
-                if cutlass.const_expr(r // 2 % 2 == 0):  # a gate row and, 8 rows below, its up row
-                    staging[n // 16 * 8 + n % 8, m] = self.gate(acc[r], acc[r + 2]).to(out.element_type)
+                if cutlass.const_expr(self.holds_gate(r)):  # a gate row and, 8 rows below, its up row
+                    staging[n // 16 * 8 + n % 8, m] = self.gate(acc[r], acc[r + self.up_offset]).to(out.element_type)
             elif cutlass.const_expr(addends is None):
                 staging[n, m] = acc[r].to(out.element_type)
             else:

@@ -453,17 +453,20 @@ def max_stages(weight_rows: int, activation_rows: int, split: int, k_boxes: int 
 
 
 # A gated weight interleaves 8 gate rows and their 8 up rows: wgmma gives each thread the sums of rows r and r + 8
-# of its warp's 16 (the accumulator's second mode), so gate and up of one output meet in one thread.
+# of its warp's 16 (the accumulator's second mode) with the weight as A, and of columns c and c + 8 (its third
+# mode, 8-column blocks) with the weight as B, so gate and up of one output meet in one thread.
 GATE_GROUP_ROWS = 16
 
 
 def gated_problems(tactic: SplitKTactic) -> list[str]:
     """Why ``tactic`` cannot run a gated projection (SplitKGemm's ``gated``), if it cannot: each output's gate sum
-    and, eight rows below, its up sum must meet in one thread (the weight as A, unfolded), in tiles of whole 16-row
-    interleave groups; split, in one reduction vector, which then holds a gate pair and its up pair."""
+    and, eight rows below, its up sum must meet in one thread (unfolded), in tiles of whole 16-row interleave groups;
+    split, in one reduction vector, which then holds a gate pair and its up pair (the weight as A only)."""
     problems = []
-    if tactic.weight_as_b:
-        problems.append("the weight as B spreads a weight row over threads")
+    if tactic.weight_as_b and tactic.split > 1:
+        # As B a gate row's accumulators and its up row's are in neighbouring 8-column blocks, so in different
+        # reduction vectors, summed by different ranks.
+        problems.append("split K with the weight as B reduces a gate row's sums and its up row's on different ranks")
     if tactic.fold > 1:
         problems.append("folded K sums each row's segments in other threads")
     if tactic.split > 1 and tactic.reduction_vector != 4:
@@ -472,4 +475,6 @@ def gated_problems(tactic: SplitKTactic) -> list[str]:
                         "sums from its up row's (4 keep them together: at least 4 per rank)")
     if tactic.weight_rows % GATE_GROUP_ROWS:
         problems.append(f"weight rows {tactic.weight_rows} are not whole groups of {GATE_GROUP_ROWS}")
+    elif tactic.weight_as_b and tactic.wgmma_columns % GATE_GROUP_ROWS:
+        problems.append(f"wgmma's {tactic.wgmma_columns} weight rows are not whole groups of {GATE_GROUP_ROWS}")
     return problems
