@@ -357,8 +357,8 @@ def gated_tactic(tactic: SplitKTactic, n: int, batch: int, gpu: GpuSpec = H200) 
     shared each of its weight loads, so the weight is still read once; a compute-bound nearest splits K as far as
     its grid still fits one wave, the tensor cores of every SM then working on the batch."""
     # The early start is worth keeping: on the H100, 3072 x 7168's 32-row gated tiles at M = 1 and 8 took 15.0-15.3
-    # us back to back with it and 16.2-16.3 without, the same after glue (docs/epilogues.md). Streaming tiles keep
-    # their split: 1536 x 7168's gated 48-row tiles at M = 1 took 16.2 us split in two, 15.6 us unsplit.
+    # us back to back with it and 16.2-16.3 without, the same after glue (docs/epilogues.md). Streaming tiles are
+    # not split to fill the SMs: 1536 x 7168's gated 48-row tiles at M = 1 took 16.2 us split in two, 15.6 unsplit.
     if not gated_problems(tactic):
         return tactic
     if tactic.weight_as_b:
