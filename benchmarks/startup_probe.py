@@ -8,8 +8,8 @@ on a Hopper GPU, what the projection pays there and why:
    for each launch property the projection has: dynamic shared memory, a cluster, programmatic
    dependent launch, the block size.
 2. ``timeline``: the projection itself, a subclass of SplitKGemm writing ``%globaltimer`` at kernel entry,
-   first weight TMA issued, producer past ``griddepcontrol.wait``, consumer start, epilogue start and
-   exit, per CTA, after the plain glue, after a PDL glue and after itself.
+   first weight TMA issued, producer past ``griddepcontrol.wait``, consumer start, first stage full,
+   epilogue start and exit, per CTA, after the plain glue, after a PDL glue and after itself.
 3. ``times``: the projection, the read ceiling and torch.matmul in the three launch contexts.
 
     python benchmarks/startup_probe.py --json startup.json
@@ -27,6 +27,7 @@ import statistics
 import cutlass
 import cutlass.cute as cute
 import torch
+from cutlass import pipeline
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
 from decode_projection.cli_args import batch_list, shape
@@ -38,8 +39,9 @@ from decode_projection.projection import PreparedProjection, kernel_arguments, m
 from decode_projection.runtime import architecture, current_stream, to_cute
 from decode_projection.runtime.gpu import gpu_spec
 
-EVENTS = ("glue_end", "entry", "first_weight_tma", "producer_waited", "consumer_start", "epilogue", "exit",
-          "glue_start")
+EVENTS = ("glue_end", "entry", "first_weight_tma", "producer_waited", "consumer_start", "first_stage_full",
+          "epilogue", "exit", "next_start", "glue_start")
+REPORTED = EVENTS[1:-1]  # relative to glue_end; next_start: the kernel after the stamped one, its first CTA
 SLOTS = 4096  # CTAs stamped per event
 GLUE_ELEMENTS = 4096  # what the benchmark's glue kernel touches (timing.foreign_kernel)
 SHAPES = ((7168, 768), (7168, 1536), (2112, 7168), (20480, 7168))  # times; the timeline stamps the first three
@@ -75,10 +77,10 @@ def cta_slot():
 class StampedGlue:
     """``data += 1`` over fp32 ``data``, then its CTAs' end time into ``glue_end`` (maximum); ``pdl``: launched with
     programmatic dependent launch, waiting on its predecessor and triggering its dependents at once, as PDL-aware
-    norms do."""
+    norms do. ``trailing``: stamps only its first CTA's start, as ``next_start``: the glue after a stamped kernel."""
 
-    def __init__(self, address, pdl):
-        self.address, self.pdl = address, pdl
+    def __init__(self, address, pdl, trailing=False):
+        self.address, self.pdl, self.trailing = address, pdl, trailing
 
     @cute.jit
     def __call__(self, data: cute.Tensor, stream):
@@ -89,15 +91,16 @@ class StampedGlue:
     def kernel(self, data: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        stamp_if((bidx == 0) & (tidx == 0), self.address, EVENTS.index("glue_start"))
+        stamp_if((bidx == 0) & (tidx == 0), self.address, EVENTS.index("next_start" if self.trailing else "glue_start"))
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()
             cute.arch.griddepcontrol_launch_dependents()
         i = bidx * 256 + tidx
         if i < data.shape[0]:
             data[i] = data[i] + cutlass.Float32(1.0)
-        if tidx == 0:
-            cute.arch.atomic_max(stamp_pointer(self.address, 0).iterator, cute.arch.globaltimer())
+        if cutlass.const_expr(not self.trailing):
+            if tidx == 0:
+                cute.arch.atomic_max(stamp_pointer(self.address, 0).iterator, cute.arch.globaltimer())
 
 
 class LaunchProbe:
@@ -137,7 +140,8 @@ class LaunchProbe:
 
 class StampedGemm(SplitKGemm):
     """SplitKGemm writing its timeline: entry (at the pipeline's set-up), the first weight TMA, the producer past
-    ``griddepcontrol.wait``, consumer start, epilogue start (past the consumers' wait) and exit."""
+    ``griddepcontrol.wait``, consumer start, first stage full (weights and activations landed), epilogue start (past
+    the consumers' wait) and exit."""
 
     def __init__(self, tactic, programmatic_launch, address):
         super().__init__(tactic, programmatic_launch)
@@ -168,6 +172,11 @@ class StampedGemm(SplitKGemm):
     def consume(self, tiled_mma, tiles, storage, s_weight, s_act, out, residual, bias, warp, tidx, work):
         if tidx == 0:
             write_stamp(self.address, "consumer_start", cta_slot())
+        if work.k_count > 0:
+            # Waiting on the first stage's phase here leaves the loop's own wait on it satisfied.
+            tiles.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.tactic.stages))
+            if tidx == 0:
+                write_stamp(self.address, "first_stage_full", cta_slot())
         SplitKGemm.consume(self, tiled_mma, tiles, storage, s_weight, s_act, out, residual, bias, warp, tidx, work)
         if tidx == 0:
             write_stamp(self.address, "exit", cta_slot())
@@ -188,24 +197,27 @@ def stamped_projection(address, weights, tactic, programmatic):
     return launch
 
 
-def replay_stamps(stamps, pair, copies=1, repeats=20):
+def replay_stamps(stamps, pair, copies=1, repeats=20, after=None):
     """Per event, the medians over ``repeats`` replays of (first CTA, median CTA, last CTA) stamp minus glue end, us;
     ``pair(i)`` launches the previous kernel and the stamped one on weight copy ``i``. The graph rotates through the
-    ``copies`` twice (at least 8 pairs), so the pair whose stamps stay reads a weight that is cold in L2."""
+    ``copies`` twice (at least 8 pairs), so the pair whose stamps stay reads a weight that is cold in L2; ``after``
+    launches a kernel that stamps ``next_start`` once, after the last pair."""
     graph = torch.cuda.CUDAGraph()
     pair(0)
     torch.cuda.synchronize()
     with torch.cuda.graph(graph):
         for i in range(max(8, 2 * copies)):
             pair(i % copies)
-    found = {event: [] for event in EVENTS[1:-1]}
+        if after is not None:
+            after()
+    found = {event: [] for event in REPORTED}
     for _ in range(repeats):
         stamps.zero_()
         graph.replay()
         torch.cuda.synchronize()
         rows = stamps.cpu()
         glue_end = int(rows[0, 0])
-        for e, event in enumerate(EVENTS[1:-1], start=1):
+        for e, event in enumerate(REPORTED, start=1):
             values = sorted(int(v) for v in rows[e] if v > 0)
             if values and glue_end:
                 found[event].append(tuple((v - glue_end) / 1e3 for v in (values[0], values[len(values) // 2],
@@ -249,8 +261,9 @@ def fmt(triple):
     return "-" if triple is None else " ".join(f"{v:6.2f}" for v in triple)
 
 
-def timelines(stamps, plain_glue, pdl_glue, shapes=SHAPES[:3], batches=BATCHES):
-    """The projection's stamped timeline per shape, batch, launch flag and previous kernel."""
+def timelines(stamps, contexts, shapes=SHAPES[:3], batches=BATCHES):
+    """The projection's stamped timeline per shape, batch, launch flag and context: ``contexts`` maps a name to
+    (the glue before the projection, the same glue after it, stamping ``next_start``)."""
     device = stamps.device
     results = {}
     for n, k in shapes:
@@ -268,9 +281,10 @@ def timelines(stamps, plain_glue, pdl_glue, shapes=SHAPES[:3], batches=BATCHES):
                 reference = (x.double() @ weights[0].double().T)
                 error = ((out.double() - reference).norm() / reference.norm()).item()
                 assert error < 1e-2, f"stamped projection is off: {error}"
-                for before, glue in (("glue", plain_glue), ("pdl-glue", pdl_glue)):
+                for before, (glue, trailing) in contexts.items():
                     key = f"{n}x{k} M={batch} {tactic.label} {'pdl' if programmatic else 'plain'} after {before}"
-                    results[key] = replay_stamps(stamps, lambda i: (glue(), launch(i, x, out)), len(weights))
+                    results[key] = replay_stamps(stamps, lambda i: (glue(), launch(i, x, out)), len(weights),
+                                                 after=trailing)
                     print(key, flush=True)
                     for event, triple in results[key].items():
                         print(f"    {event:18s} {fmt(triple)}")
@@ -353,10 +367,13 @@ def main():
     scratch = torch.zeros(GLUE_ELEMENTS, device=device)
     scratch_view = to_cute(scratch).mark_layout_dynamic()
     fake = make_fake_tensor(cutlass.Float32, (cute.sym_int(),), (1,), assumed_align=16)
-    glues = {pdl: cute.compile(StampedGlue(stamps.data_ptr(), pdl), fake, make_fake_stream(),
-                               options="--gpu-arch=sm_90a") for pdl in (False, True)}
-    plain_glue = lambda: glues[False](scratch_view, current_stream(device))  # noqa: E731
-    pdl_glue = lambda: glues[True](scratch_view, current_stream(device))  # noqa: E731
+    glues = {(pdl, trailing): cute.compile(StampedGlue(stamps.data_ptr(), pdl, trailing), fake, make_fake_stream(),
+                                           options="--gpu-arch=sm_90a")
+             for pdl in (False, True) for trailing in (False, True)}
+
+    def glue(pdl, trailing=False):
+        return lambda: glues[pdl, trailing](scratch_view, current_stream(device))
+    plain_glue = glue(False)
     ctas = torch.cuda.get_device_properties(device).multi_processor_count
     results = {"gpu": torch.cuda.get_device_name(device)}
     parts = args.parts.split(",")
@@ -365,7 +382,8 @@ def main():
     if "glue" in parts:
         results["glue"] = glue_durations(stamps, plain_glue)
     if "timeline" in parts:
-        results["timeline"] = timelines(stamps, plain_glue, pdl_glue, args.shape or SHAPES[:3], args.batches)
+        contexts = {"glue": (plain_glue, glue(False, True)), "pdl-glue": (glue(True), glue(True, True))}
+        results["timeline"] = timelines(stamps, contexts, args.shape or SHAPES[:3], args.batches)
     if "times" in parts:
         results["times"] = context_times(foreign_kernel(device), args.shape or SHAPES, args.batches)
     if args.json:

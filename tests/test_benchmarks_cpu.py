@@ -1,5 +1,6 @@
-"""The start-up probe's kernels compile for sm_90a: the stamped glue (plain and PDL), an empty kernel with the
-projection's launch properties, and the projection with its timeline stamps (a subclass of SplitKGemm)."""
+"""The start-up probe's kernels compile for sm_90a: the stamped glue (plain and PDL, before or after the stamped
+kernel), an empty kernel with the projection's launch properties, and the projection with its timeline stamps (a
+subclass of SplitKGemm)."""
 
 import sys
 from pathlib import Path
@@ -24,9 +25,11 @@ ADDRESS = 1 << 32  # a stamp buffer's address, baked in as the probe does
 def test_every_probe_kernel_compiles_and_stamps():
     fake = make_fake_tensor(cutlass.Float32, (cute.sym_int(),), (1,), assumed_align=16)
     for pdl in (False, True):
-        glue = cute.compile(startup_probe.StampedGlue(ADDRESS, pdl), fake, make_fake_stream(),
-                            options="--gpu-arch=sm_90a")
-        assert "GLOBALTIMER" in kernel_report(glue).sass
+        for trailing in (False, True):
+            glue = cute.compile(startup_probe.StampedGlue(ADDRESS, pdl, trailing), fake, make_fake_stream(),
+                                options="--gpu-arch=sm_90a")
+            # The glue before stamps its start and its end; the one after only its start.
+            assert kernel_report(glue).sass.count("GLOBALTIMER") == (1 if trailing else 2)
     probe = startup_probe.LaunchProbe(ADDRESS, 200 * 1024, 4, 160, True, 100)
     assert kernel_report(cute.compile(probe, cutlass.Int32(1), make_fake_stream(), options="--gpu-arch=sm_90a"))
     tactic = SplitKTactic(128, 8, 3, 13)
@@ -34,5 +37,5 @@ def test_every_probe_kernel_compiles_and_stamps():
                            *kernel_arguments(torch.bfloat16, torch.bfloat16), options="--gpu-arch=sm_90a")
     report = kernel_report(stamped)
     # Every event of the projection's timeline is written: entry, first TMA, producer past its wait, consumer
-    # start, epilogue and exit.
-    assert report.sass.count("GLOBALTIMER") >= 6 and report.local_bytes == 0
+    # start, first stage full, epilogue and exit.
+    assert report.sass.count("GLOBALTIMER") >= 7 and report.local_bytes == 0
