@@ -193,7 +193,11 @@ def stamped_projection(address, weights, tactic, programmatic):
     def launch(i, x, out):
         code(prepared[i].weight_view, matrix_view(x), matrix_view(out, output=True), *prepared[i].extra[1],
              current_stream(device))
-    launch.keep = prepared
+
+    def warm_map(i):
+        """Read copy ``i``'s weight map through L2 (a reduction kernel), so that its TMA finds it there."""
+        prepared[i]._maps[tactic.weight_load_rows].sum()
+    launch.keep, launch.warm_map = prepared, warm_map
     return launch
 
 
@@ -285,10 +289,21 @@ def timelines(stamps, contexts, shapes=SHAPES[:3], batches=BATCHES):
                     key = f"{n}x{k} M={batch} {tactic.label} {'pdl' if programmatic else 'plain'} after {before}"
                     results[key] = replay_stamps(stamps, lambda i: (glue(), launch(i, x, out)), len(weights),
                                                  after=trailing)
-                    print(key, flush=True)
-                    for event, triple in results[key].items():
-                        print(f"    {event:18s} {fmt(triple)}")
+                    show(key, results[key])
+                # The same after the plain glue, with the weight map read into L2 just before the glue: is the
+                # TMA's fetch of a map in device memory on the critical path?
+                glue, trailing = contexts["glue"]
+                key = f"{n}x{k} M={batch} {tactic.label} {'pdl' if programmatic else 'plain'} after glue, map in L2"
+                results[key] = replay_stamps(stamps, lambda i: (launch.warm_map(i), glue(), launch(i, x, out)),
+                                             len(weights), after=trailing)
+                show(key, results[key])
     return results
+
+
+def show(key, stamps):
+    print(key, flush=True)
+    for event, triple in stamps.items():
+        print(f"    {event:18s} {fmt(triple)}")
 
 
 def glue_durations(stamps, plain_glue):
