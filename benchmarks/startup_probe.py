@@ -41,7 +41,9 @@ from decode_projection.runtime.gpu import gpu_spec
 
 EVENTS = ("glue_end", "entry", "first_weight_tma", "producer_waited", "consumer_start", "first_stage_full",
           "epilogue", "exit", "next_start", "glue_start")
-REPORTED = EVENTS[1:-1]  # relative to glue_end; next_start: the kernel after the stamped one, its first CTA
+# Relative to glue_end; next_start: the kernel after the stamped one, its first CTA; glue_start: the glue before
+# it, its first CTA (minus its duration).
+REPORTED = EVENTS[1:]
 SLOTS = 4096  # CTAs stamped per event
 GLUE_ELEMENTS = 4096  # what the benchmark's glue kernel touches (timing.foreign_kernel)
 SHAPES = ((7168, 768), (7168, 1536), (2112, 7168), (20480, 7168))  # times; the timeline stamps the first three
