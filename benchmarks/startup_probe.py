@@ -399,7 +399,10 @@ def main():
     if "glue" in parts:
         results["glue"] = glue_durations(stamps, plain_glue)
     if "timeline" in parts:
-        contexts = {"glue": (plain_glue, glue(False, True)), "pdl-glue": (glue(True), glue(True, True))}
+        # The benchmark's glue is PyTorch's add_, which the stamps cannot mark: it runs after the plain stamped glue.
+        torch_glue = foreign_kernel(device)
+        contexts = {"glue": (plain_glue, glue(False, True)), "pdl-glue": (glue(True), glue(True, True)),
+                    "glue, then PyTorch's add_": (lambda: (plain_glue(), torch_glue()), glue(False, True))}
         results["timeline"] = timelines(stamps, contexts, args.shape or SHAPES[:3], args.batches)
     if "times" in parts:
         results["times"] = context_times(foreign_kernel(device), args.shape or SHAPES, args.batches)
