@@ -35,14 +35,14 @@ from decode_projection.kernel.splitk import SplitKGemm
 from decode_projection.measure.ceiling import stream_read
 from decode_projection.measure.timing import cold_copies, foreign_kernel, interleaved_time_us
 from decode_projection.policy.policies import resolve_policies
-from decode_projection.projection import PreparedProjection, kernel_arguments, matrix_view
+from decode_projection.projection import PreparedProjection, kernel_arguments, matrix_view, weight_map
 from decode_projection.runtime import architecture, current_stream, to_cute
 from decode_projection.runtime.gpu import gpu_spec
 
 EVENTS = ("glue_end", "entry", "first_weight_tma", "producer_waited", "consumer_start", "first_stage_full",
           "epilogue", "exit", "next_start", "glue_start")
-# Relative to glue_end; next_start: the kernel after the stamped one, its first CTA; glue_start: the glue before
-# it, its first CTA (minus its duration).
+# Each relative to glue_end. next_start: the first CTA of the kernel after the stamped one; glue_start: the first
+# CTA of the glue before it (negative: about the glue's own run).
 REPORTED = EVENTS[1:]
 SLOTS = 4096  # CTAs stamped per event
 GLUE_ELEMENTS = 4096  # what the benchmark's glue kernel touches (timing.foreign_kernel)
@@ -190,16 +190,18 @@ def stamped_projection(address, weights, tactic, programmatic):
     kernel = StampedGemm(tactic, programmatic, address)
     code = cute.compile(kernel, *kernel_arguments(weights[0].dtype, torch.bfloat16),
                         options=f"--gpu-arch={architecture(device)}")
-    prepared = [PreparedProjection(w, {1: tactic}).prepare() for w in weights]  # for weight views and maps only
+    prepared = [PreparedProjection(w, {1: tactic}).prepare() for w in weights]  # for weight views only
+    maps = [weight_map(w, tactic.weight_load_rows) for w in weights]  # the maps prepare() writes, ours to read
+    addresses = [cutlass.Int64(m.data_ptr()) for m in maps]
 
     def launch(i, x, out):
-        code(prepared[i].weight_view, matrix_view(x), matrix_view(out, output=True), *prepared[i].extra[1],
+        code(prepared[i].weight_view, matrix_view(x), matrix_view(out, output=True), addresses[i],
              current_stream(device))
 
     def warm_map(i):
         """Read copy ``i``'s weight map through L2 (a reduction kernel), so that its TMA finds it there."""
-        prepared[i]._maps[tactic.weight_load_rows].sum()
-    launch.keep, launch.warm_map = prepared, warm_map
+        maps[i].sum()
+    launch.keep, launch.warm_map = (prepared, maps), warm_map
     return launch
 
 
@@ -303,6 +305,7 @@ def timelines(stamps, contexts, shapes=SHAPES[:3], batches=BATCHES):
 
 
 def show(key, stamps):
+    """Print one timeline: per event, (first, median, last) CTA."""
     print(key, flush=True)
     for event, triple in stamps.items():
         print(f"    {event:18s} {fmt(triple)}")
