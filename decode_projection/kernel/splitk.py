@@ -293,9 +293,10 @@ class SplitKGemm:
         )
 
         if warp == self.producer_warp:
-            # The maps first, before the pipeline's set-up and its CTA barrier: their parameter loads, the acquire
-            # and the prefetches then overlap the barrier initialisation instead of following it.
-            self.prefetch_maps(weight_map, act_tma)
+            # The weight's map first, before the pipeline's set-up and its CTA barrier: its acquire and prefetch
+            # then overlap the barrier initialisation instead of following it. The activations' map is prefetched
+            # below, where its parameter address stays live for the loads that use it.
+            self.prefetch_weight_map(weight_map)
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
         if cutlass.const_expr(t.split > 1):
             if tidx == 0:
@@ -334,6 +335,7 @@ class SplitKGemm:
                 activation_mask = sharers_mask if cutlass.const_expr(t.activation_sharers > 1) else None
                 weight_mask = sharers_mask if cutlass.const_expr(t.weight_sharers > 1) else None
                 descriptor = self.weight_descriptor(weight_map)
+                cpasync.prefetch_descriptor(act_tma)
                 # This CTA's share of the weight tile: its rows in global memory and in every sharer's stages.
                 weight_row = n_tile * t.weight_rows
                 weight_tiles = storage.weight_tiles.data_ptr()
@@ -405,14 +407,13 @@ class SplitKGemm:
         return cute.make_ptr(cutlass.Int8, weight_map, cute.AddressSpace.generic, assumed_align=128)
 
     @cute.jit
-    def prefetch_maps(self, weight_map, act_tma):
-        """The producer warp's acquire of the weight's map (a host copy wrote it) for the tensormap proxy, and the
-        prefetch of both maps."""
+    def prefetch_weight_map(self, weight_map):
+        """The producer warp's acquire of the weight's map (a host copy wrote it) for the tensormap proxy, and its
+        prefetch."""
         descriptor = self.weight_descriptor(weight_map)
         nvvm.fence_proxy_acquire("gpu", descriptor, 128)
         if nvvm.elect_sync():
             nvvm.prefetch_tensormap(descriptor)
-        cpasync.prefetch_descriptor(act_tma)
 
     @cute.jit
     def consume(self, tiled_mma, tiles, storage, s_weight, s_act, out, residual, bias, warp, tidx, work):
