@@ -292,6 +292,11 @@ class SplitKGemm:
             weight.shape[1], rank, ceil_div=cute.ceil_div, minimum=cutlass.min, maximum=cutlass.max
         )
 
+        if warp == self.producer_warp:
+            # The weight's map first, before the pipeline's set-up and its CTA barrier: its acquire and prefetch
+            # then overlap the barrier initialisation instead of following it. The activations' map is prefetched
+            # below, where its parameter address stays live for the loads that use it.
+            self.prefetch_weight_map(weight_map)
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
         if cutlass.const_expr(t.split > 1):
             if tidx == 0:
@@ -329,13 +334,7 @@ class SplitKGemm:
                     sharers_mask = cutlass.Int16(sum(1 << (i * t.split) for i in range(t.multicast))) << rank
                 activation_mask = sharers_mask if cutlass.const_expr(t.activation_sharers > 1) else None
                 weight_mask = sharers_mask if cutlass.const_expr(t.weight_sharers > 1) else None
-                descriptor = cute.make_ptr(
-                    cutlass.Int8, weight_map, cute.AddressSpace.generic, assumed_align=128
-                )
-                # The map was written by a host copy: acquire it for the tensormap proxy.
-                nvvm.fence_proxy_acquire("gpu", descriptor, 128)
-                if nvvm.elect_sync():
-                    nvvm.prefetch_tensormap(descriptor)
+                descriptor = self.weight_descriptor(weight_map)
                 cpasync.prefetch_descriptor(act_tma)
                 # This CTA's share of the weight tile: its rows in global memory and in every sharer's stages.
                 weight_row = n_tile * t.weight_rows
@@ -401,6 +400,20 @@ class SplitKGemm:
         else:
             self.consume(tiled_mma, tiles, storage, s_weight, s_act, out, residual, bias, warp, tidx,
                          CtaWork(n_tile, m_tile, rank, sharer, k_count))
+
+    @staticmethod
+    def weight_descriptor(weight_map):
+        """The weight's TMA map in device memory, as a pointer."""
+        return cute.make_ptr(cutlass.Int8, weight_map, cute.AddressSpace.generic, assumed_align=128)
+
+    @cute.jit
+    def prefetch_weight_map(self, weight_map):
+        """The producer warp's acquire of the weight's map (a host copy wrote it) for the tensormap proxy, and its
+        prefetch."""
+        descriptor = self.weight_descriptor(weight_map)
+        nvvm.fence_proxy_acquire("gpu", descriptor, 128)
+        if nvvm.elect_sync():
+            nvvm.prefetch_tensormap(descriptor)
 
     @cute.jit
     def consume(self, tiled_mma, tiles, storage, s_weight, s_act, out, residual, bias, warp, tidx, work):
