@@ -635,7 +635,7 @@ class PreparedProjection:
                 f"{describe(self.weight)}; call prepare() again"
             )
         weight = launchable.weight
-        n, k = weight.shape
+        k = weight.shape[1]
         batch, x_cols = x.shape
         if batch not in launchable.kernels or x_cols != k:
             raise ValueError(
