@@ -61,6 +61,14 @@ def test_speed_bar_1_takes_the_larger_of_the_byte_floor_and_the_ceiling_of_the_s
     assert [len(after["glue"][bar]) for bar in (1, 3)] == [0, 0]
 
 
+def test_the_read_ceilings_own_speedup_is_judged_at_streaming_batches_only():
+    bars = load_script("speed_bars")
+    cells = [cell(2112, 7168, 1, 9.0, 12.0, ceiling_us=8.0), cell(2112, 7168, 8, 9.0, 13.5, ceiling_us=9.0),
+             cell(2112, 7168, 256, 20.0, 17.0, ceiling_us=10.0)]
+    assert abs(bars.ceiling_speedup(cells) - 1.5) < 1e-12
+    assert bars.ceiling_speedup([cell(2112, 7168, 1, 9.0, 12.0)]) is None  # a cell without a ceiling
+
+
 def test_speed_bars_judge_several_runs_on_each_cells_medians():
     bars = load_script("speed_bars")
     runs = [[cell(2112, 7168, 1, us, cublas, ceiling_us=ceiling)]
