@@ -9,7 +9,9 @@ on a Hopper GPU, what the projection pays there and why:
    dependent launch, the block size.
 2. ``timeline``: the projection itself, a subclass of SplitKGemm writing ``%globaltimer`` at kernel entry,
    first weight TMA issued, producer past ``griddepcontrol.wait``, consumer start, first stage full,
-   epilogue start and exit, per CTA, after the plain glue, after a PDL glue and after itself.
+   epilogue start and exit, per CTA, after the plain glue, after a PDL glue and after itself; and the read
+   ceiling's kernel stamped the same way (entry, its first and last chunk landed, exit), to set our streaming
+   and tail beside a kernel that only reads.
 3. ``times``: the projection, the read ceiling and torch.matmul in the three launch contexts.
 
     python benchmarks/startup_probe.py --json startup.json
@@ -32,7 +34,7 @@ from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
 from decode_projection.cli_args import batch_list, shape
 from decode_projection.kernel.splitk import SplitKGemm
-from decode_projection.measure.ceiling import stream_read
+from decode_projection.measure.ceiling import StreamRead, stream_read
 from decode_projection.measure.timing import cold_copies, foreign_kernel, interleaved_time_us
 from decode_projection.policy.policies import resolve_policies
 from decode_projection.projection import PreparedProjection, kernel_arguments, matrix_view, weight_map
@@ -184,6 +186,39 @@ class StampedGemm(SplitKGemm):
             write_stamp(self.address, "exit", cta_slot())
 
 
+class StampedRead(StreamRead):
+    """The read ceiling's kernel writing entry, its first chunk landed (as ``first_stage_full``), its last chunk
+    landed (as ``epilogue``) and exit: the streaming and the tail of a kernel that only reads, next to ours."""
+
+    def __init__(self, address):
+        self.address = address
+
+    @cute.kernel
+    def kernel(self, data: cute.Tensor):
+        lane = cute.arch.lane_idx()
+        stamp_if(lane == 0, self.address, EVENTS.index("entry"))
+        self.stream(data)
+        stamp_if(lane == 0, self.address, EVENTS.index("exit"))
+
+    @cute.jit
+    def wait_chunk(self, storage, i, count):
+        StreamRead.wait_chunk(self, storage, i, count)
+        lane = cute.arch.lane_idx()
+        stamp_if((lane == 0) & (i == 0), self.address, EVENTS.index("first_stage_full"))
+        stamp_if((lane == 0) & (i == count - 1), self.address, EVENTS.index("epilogue"))
+
+
+def stamped_read(address, weights):
+    """``launch(i)``: the stamped read ceiling over weight copy ``i``, one CTA per SM as ``stream_read``."""
+    device = weights[0].device
+    data = make_fake_tensor(cutlass.Uint8, (cute.sym_int(divisibility=16),), (1,), assumed_align=16)
+    code = cute.compile(StampedRead(address), data, cutlass.Int32(1), make_fake_stream(),
+                        options=f"--gpu-arch={architecture(device)}")
+    views = [to_cute(w.view(torch.uint8).reshape(-1)).mark_layout_dynamic() for w in weights]
+    ctas = cutlass.Int32(torch.cuda.get_device_properties(device).multi_processor_count)
+    return lambda i: code(views[i], ctas, current_stream(device))
+
+
 def stamped_projection(address, weights, tactic, programmatic):
     """``launch(i, x, out)``: ``tactic`` compiled with stamps, on weight copy ``i``."""
     device = weights[0].device
@@ -278,6 +313,11 @@ def timelines(stamps, contexts, shapes=SHAPES[:3], batches=BATCHES):
         weights = [torch.randn(n, k, device=device).to(torch.bfloat16) for _ in range(cold_copies(n * k * 2, device))]
         policies, _ = resolve_policies(n, k, batches, gpu=gpu_spec(device), weight_dtype=torch.bfloat16,
                                        output_dtype=torch.bfloat16)
+        read = stamped_read(stamps.data_ptr(), weights)
+        for before, (glue, trailing) in contexts.items():
+            key = f"{n}x{k} read ceiling after {before}"
+            results[key] = replay_stamps(stamps, lambda i: (glue(), read(i)), len(weights), after=trailing)
+            show(key, results[key])
         for batch in batches:
             tactic = policies[batch]
             x = torch.randn(batch, k, device=device).to(torch.bfloat16)

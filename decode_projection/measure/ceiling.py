@@ -42,6 +42,11 @@ class StreamRead:
     @cute.kernel
     def kernel(self, data: cute.Tensor):
         """Pull this CTA's chunks through a ring of bulk copies into shared memory, and discard them."""
+        self.stream(data)
+
+    @cute.jit
+    def stream(self, data: cute.Tensor):
+        """The kernel's work, apart so that a probe's kernel can stamp times around it."""
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
         barriers = storage.barriers.data_ptr()
         total = data.shape[0]
@@ -59,9 +64,14 @@ class StreamRead:
         for i in cutlass.range(cutlass.min(STAGES, count), unroll=1):
             self.issue(storage, data, first + i, i % STAGES, total)
         for i in cutlass.range(count, unroll=1):
-            cute.arch.mbarrier_wait(barriers + i % STAGES, (i // STAGES) % 2)
+            self.wait_chunk(storage, i, count)
             if i + STAGES < count:
                 self.issue(storage, data, first + i + STAGES, i % STAGES, total)
+
+    @cute.jit
+    def wait_chunk(self, storage, i, count):
+        """Wait until the ``i``-th of this CTA's ``count`` chunks has landed."""
+        cute.arch.mbarrier_wait(storage.barriers.data_ptr() + i % STAGES, (i // STAGES) % 2)
 
     @cute.jit
     def issue(self, storage, data, chunk, slot, total):
