@@ -16,6 +16,7 @@ on a Hopper GPU, what the projection pays there and why:
 
     python benchmarks/startup_probe.py --json startup.json
     python benchmarks/startup_probe.py --parts timeline,times --shape 1536x128 --shape 7168x768 --batches 1,32,64
+    python benchmarks/startup_probe.py --parts timeline --compare-package decode_projection_changed --batches 1
 
 Every stamp is relative to the end of the previous kernel's last CTA (the glue's), in microseconds, as
 medians over replays of a CUDA graph of repeated pairs rotating through weight copies worth over 3x the L2 (the
@@ -23,6 +24,7 @@ last pair of each replay is read, its weight cold).
 """
 
 import argparse
+import importlib
 import json
 import statistics
 
@@ -33,6 +35,7 @@ from cutlass import pipeline
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
 from decode_projection.cli_args import batch_list, shape
+from decode_projection.kernel import tactic as tactic_fields
 from decode_projection.kernel.splitk import SplitKGemm
 from decode_projection.measure.ceiling import StreamRead, stream_read
 from decode_projection.measure.timing import cold_copies, foreign_kernel, interleaved_time_us
@@ -142,48 +145,52 @@ class LaunchProbe:
             write_stamp(self.address, "exit", cta_slot())
 
 
-class StampedGemm(SplitKGemm):
-    """SplitKGemm writing its timeline: entry (at the pipeline's set-up), the first weight TMA, the producer past
-    ``griddepcontrol.wait``, consumer start, first stage full (weights and activations landed), epilogue start (past
-    the consumers' wait) and exit."""
+def stamped_gemm(base):
+    """A subclass of ``base`` (SplitKGemm, ours or a changed copy's) writing its timeline: entry (at the pipeline's
+    set-up), the first weight TMA, the producer past ``griddepcontrol.wait``, consumer start, first stage full
+    (weights and activations landed), epilogue start (past the consumers' wait) and exit."""
 
-    def __init__(self, tactic, programmatic_launch, address):
-        super().__init__(tactic, programmatic_launch)
-        self.address = address
+    class StampedGemm(base):
+        def __init__(self, tactic, programmatic_launch, address):
+            super().__init__(tactic, programmatic_launch)
+            self.address = address
 
-    def sharing_layout(self):
-        # Traced inside the kernel at the pipeline's creation, a few instructions after entry.
-        tidx, _, _ = cute.arch.thread_idx()
-        stamp_if(tidx == 0, self.address, EVENTS.index("entry"))
-        return super().sharing_layout()
+        def sharing_layout(self):
+            # Traced inside the kernel at the pipeline's creation, a few instructions after entry.
+            tidx, _, _ = cute.arch.thread_idx()
+            stamp_if(tidx == 0, self.address, EVENTS.index("entry"))
+            return super().sharing_layout()
 
-    @cute.jit
-    def load_weight(self, weight_tiles, state, descriptor, tiles, k_tile, fold_stride, weight_row, sharers_mask):
-        if state.count == 0 and cute.arch.lane_idx() == 0:
-            write_stamp(self.address, "first_weight_tma", cta_slot())
-        SplitKGemm.load_weight(self, weight_tiles, state, descriptor, tiles, k_tile, fold_stride, weight_row,
-                               sharers_mask)
+        @cute.jit
+        def load_weight(self, weight_tiles, state, descriptor, tiles, k_tile, fold_stride, weight_row, sharers_mask):
+            if state.count == 0 and cute.arch.lane_idx() == 0:
+                write_stamp(self.address, "first_weight_tma", cta_slot())
+            base.load_weight(self, weight_tiles, state, descriptor, tiles, k_tile, fold_stride, weight_row,
+                             sharers_mask)
 
-    def activation_origin(self, m_tile, batch):
-        # Called by the producer past its griddepcontrol.wait, and by the consumers at the epilogue.
-        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        lane = cute.arch.lane_idx()
-        stamp_if((warp == self.producer_warp) & (lane == 0), self.address, EVENTS.index("producer_waited"))
-        stamp_if((warp == 0) & (lane == 0), self.address, EVENTS.index("epilogue"))
-        return super().activation_origin(m_tile, batch)
+        def activation_origin(self, m_tile, batch):
+            # Called by the producer past its griddepcontrol.wait, and by the consumers at the epilogue.
+            warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            lane = cute.arch.lane_idx()
+            stamp_if((warp == self.producer_warp) & (lane == 0), self.address, EVENTS.index("producer_waited"))
+            stamp_if((warp == 0) & (lane == 0), self.address, EVENTS.index("epilogue"))
+            return super().activation_origin(m_tile, batch)
 
-    @cute.jit
-    def consume(self, tiled_mma, tiles, storage, s_weight, s_act, out, residual, bias, warp, tidx, work):
-        if tidx == 0:
-            write_stamp(self.address, "consumer_start", cta_slot())
-        if work.k_count > 0:
-            # Waiting on the first stage's phase here leaves the loop's own wait on it satisfied.
-            tiles.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.tactic.stages))
+        @cute.jit
+        def consume(self, tiled_mma, tiles, storage, s_weight, s_act, out, residual, bias, warp, tidx, work):
             if tidx == 0:
-                write_stamp(self.address, "first_stage_full", cta_slot())
-        SplitKGemm.consume(self, tiled_mma, tiles, storage, s_weight, s_act, out, residual, bias, warp, tidx, work)
-        if tidx == 0:
-            write_stamp(self.address, "exit", cta_slot())
+                write_stamp(self.address, "consumer_start", cta_slot())
+            if work.k_count > 0:
+                # Waiting on the first stage's phase here leaves the loop's own wait on it satisfied.
+                tiles.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
+                                                                 self.tactic.stages))
+                if tidx == 0:
+                    write_stamp(self.address, "first_stage_full", cta_slot())
+            base.consume(self, tiled_mma, tiles, storage, s_weight, s_act, out, residual, bias, warp, tidx, work)
+            if tidx == 0:
+                write_stamp(self.address, "exit", cta_slot())
+
+    return StampedGemm
 
 
 class StampedRead(StreamRead):
@@ -219,10 +226,12 @@ def stamped_read(address, weights):
     return lambda i: code(views[i], ctas, current_stream(device))
 
 
-def stamped_projection(address, weights, tactic, programmatic):
-    """``launch(i, x, out)``: ``tactic`` compiled with stamps, on weight copy ``i``."""
+def stamped_projection(address, weights, tactic, programmatic, gemm=SplitKGemm, tactic_module=tactic_fields):
+    """``launch(i, x, out)``: ``tactic`` compiled with stamps, on weight copy ``i``; ``gemm``: the kernel class
+    stamped (a changed copy's SplitKGemm of the same signature, say), ``tactic_module`` its package's tactic module,
+    whose ``as_tactic`` takes the tactic by field name."""
     device = weights[0].device
-    kernel = StampedGemm(tactic, programmatic, address)
+    kernel = stamped_gemm(gemm)(tactic_module.as_tactic(tactic.to_dict()), programmatic, address)
     code = cute.compile(kernel, *kernel_arguments(weights[0].dtype, torch.bfloat16),
                         options=f"--gpu-arch={architecture(device)}")
     prepared = [PreparedProjection(w, {1: tactic}).prepare() for w in weights]  # for weight views only
@@ -304,10 +313,13 @@ def fmt(triple):
     return "-" if triple is None else " ".join(f"{v:6.2f}" for v in triple)
 
 
-def timelines(stamps, contexts, shapes=SHAPES[:3], batches=BATCHES):
+def timelines(stamps, contexts, shapes=SHAPES[:3], batches=BATCHES, kernels=None):
     """The projection's stamped timeline per shape, batch, launch flag and context: ``contexts`` maps a name to
-    (the glue before the projection, the same glue after it, stamping ``next_start``)."""
+    (the glue before the projection, the same glue after it, stamping ``next_start``). ``kernels`` maps a suffix of
+    the results' keys to a SplitKGemm class and its package's tactic module: default ours alone, with the weight map warm in L2 as a variant;
+    several are stamped in turn in each context (a changed copy's kernel next to ours, in one run)."""
     device = stamps.device
+    kernels = kernels or {"": (SplitKGemm, tactic_fields)}
     results = {}
     for n, k in shapes:
         weights = [torch.randn(n, k, device=device).to(torch.bfloat16) for _ in range(cold_copies(n * k * 2, device))]
@@ -323,24 +335,32 @@ def timelines(stamps, contexts, shapes=SHAPES[:3], batches=BATCHES):
             x = torch.randn(batch, k, device=device).to(torch.bfloat16)
             out = torch.empty(batch, n, device=device, dtype=torch.bfloat16)
             for programmatic in (True, False):
-                launch = stamped_projection(stamps.data_ptr(), weights, tactic, programmatic)
-                launch(0, x, out)
-                torch.cuda.synchronize()
-                reference = (x.double() @ weights[0].double().T)
-                error = ((out.double() - reference).norm() / reference.norm()).item()
-                assert error < 1e-2, f"stamped projection is off: {error}"
+                launches = {}
+                for suffix, (gemm, tactic_module) in kernels.items():
+                    launch = stamped_projection(stamps.data_ptr(), weights, tactic, programmatic, gemm,
+                                                tactic_module)
+                    out.fill_(float("nan"))
+                    launch(0, x, out)
+                    torch.cuda.synchronize()
+                    reference = (x.double() @ weights[0].double().T)
+                    error = ((out.double() - reference).norm() / reference.norm()).item()
+                    assert error < 1e-2, f"stamped projection{suffix} is off: {error}"
+                    launches[suffix] = launch
+                name = f"{n}x{k} M={batch} {tactic.label} {'pdl' if programmatic else 'plain'}"
                 for before, (glue, trailing) in contexts.items():
-                    key = f"{n}x{k} M={batch} {tactic.label} {'pdl' if programmatic else 'plain'} after {before}"
-                    results[key] = replay_stamps(stamps, lambda i: (glue(), launch(i, x, out)), len(weights),
-                                                 after=trailing)
+                    for suffix, launch in launches.items():
+                        key = f"{name}{suffix} after {before}"
+                        results[key] = replay_stamps(stamps, lambda i: (glue(), launch(i, x, out)), len(weights),
+                                                     after=trailing)
+                        show(key, results[key])
+                if len(launches) == 1:
+                    # The same after the plain glue, with the weight map read into L2 just before the glue: is the
+                    # TMA's fetch of a map in device memory on the critical path?
+                    glue, trailing = contexts["glue"]
+                    key = f"{name} after glue, map in L2"
+                    results[key] = replay_stamps(stamps, lambda i: (launch.warm_map(i), glue(), launch(i, x, out)),
+                                                 len(weights), after=trailing)
                     show(key, results[key])
-                # The same after the plain glue, with the weight map read into L2 just before the glue: is the
-                # TMA's fetch of a map in device memory on the critical path?
-                glue, trailing = contexts["glue"]
-                key = f"{n}x{k} M={batch} {tactic.label} {'pdl' if programmatic else 'plain'} after glue, map in L2"
-                results[key] = replay_stamps(stamps, lambda i: (launch.warm_map(i), glue(), launch(i, x, out)),
-                                             len(weights), after=trailing)
-                show(key, results[key])
     return results
 
 
@@ -420,6 +440,9 @@ def main():
                         help="NxK (repeatable) for the timeline and the times (default: the first three of SHAPES "
                              "for the timeline, all four for the times)")
     parser.add_argument("--batches", type=batch_list, default=list(BATCHES), help="padded batches, comma-separated")
+    parser.add_argument("--compare-package", metavar="NAME",
+                        help="the timeline also stamps the kernel of a changed copy of the package importable as NAME "
+                             "(its folder renamed), next to ours in each context")
     args = parser.parse_args()
     device = torch.device("cuda")
     print(torch.cuda.get_device_name(device), flush=True)
@@ -446,7 +469,12 @@ def main():
         torch_glue = foreign_kernel(device)
         contexts = {"glue": (plain_glue, glue(False, True)), "pdl-glue": (glue(True), glue(True, True)),
                     "glue, then PyTorch's add_": (lambda: (plain_glue(), torch_glue()), glue(False, True))}
-        results["timeline"] = timelines(stamps, contexts, args.shape or SHAPES[:3], args.batches)
+        kernels = None
+        if args.compare_package:
+            theirs = (importlib.import_module(f"{args.compare_package}.kernel.splitk").SplitKGemm,
+                      importlib.import_module(f"{args.compare_package}.kernel.tactic"))
+            kernels = {"": (SplitKGemm, tactic_fields), f" {args.compare_package}": theirs}
+        results["timeline"] = timelines(stamps, contexts, args.shape or SHAPES[:3], args.batches, kernels)
     if "times" in parts:
         results["times"] = context_times(foreign_kernel(device), args.shape or SHAPES, args.batches)
     if args.json:

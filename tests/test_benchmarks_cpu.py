@@ -1,6 +1,6 @@
 """The start-up probe's kernels compile for sm_90a: the stamped glue (plain and PDL, before or after the stamped
-kernel), an empty kernel with the projection's launch properties, and the projection with its timeline stamps (a
-subclass of SplitKGemm)."""
+kernel), an empty kernel with the projection's launch properties, the projection with its timeline stamps (a
+subclass of SplitKGemm) and the read ceiling's kernel with its own."""
 
 import sys
 from pathlib import Path
@@ -11,6 +11,7 @@ import pytest
 import torch
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
+from decode_projection.kernel.splitk import SplitKGemm
 from decode_projection.projection import kernel_arguments
 from decode_projection.runtime.sass import kernel_report
 from decode_projection.tactic import SplitKTactic
@@ -33,9 +34,14 @@ def test_every_probe_kernel_compiles_and_stamps():
     probe = startup_probe.LaunchProbe(ADDRESS, 200 * 1024, 4, 160, True, 100)
     assert kernel_report(cute.compile(probe, cutlass.Int32(1), make_fake_stream(), options="--gpu-arch=sm_90a"))
     tactic = SplitKTactic(128, 8, 3, 13)
-    stamped = cute.compile(startup_probe.StampedGemm(tactic, True, ADDRESS),
+    stamped = cute.compile(startup_probe.stamped_gemm(SplitKGemm)(tactic, True, ADDRESS),
                            *kernel_arguments(torch.bfloat16, torch.bfloat16), options="--gpu-arch=sm_90a")
     report = kernel_report(stamped)
     # Every event of the projection's timeline is written: entry, first TMA, producer past its wait, consumer
     # start, first stage full, epilogue and exit.
     assert report.sass.count("GLOBALTIMER") >= 7 and report.local_bytes == 0
+    # The read ceiling's kernel beside it: entry, first and last chunk landed, exit.
+    data = make_fake_tensor(cutlass.Uint8, (cute.sym_int(divisibility=16),), (1,), assumed_align=16)
+    read = cute.compile(startup_probe.StampedRead(ADDRESS), data, cutlass.Int32(1), make_fake_stream(),
+                        options="--gpu-arch=sm_90a")
+    assert kernel_report(read).sass.count("GLOBALTIMER") >= 4
