@@ -9,9 +9,10 @@ on a Hopper GPU, what the projection pays there and why:
    dependent launch, the block size.
 2. ``timeline``: the projection itself, a subclass of SplitKGemm writing ``%globaltimer`` at kernel entry,
    first weight TMA issued, producer past ``griddepcontrol.wait``, consumer start, first stage full,
-   epilogue start and exit, per CTA, after the plain glue, after a PDL glue and after itself; and the read
-   ceiling's kernel stamped the same way (entry, its first and last chunk landed, exit), to set our streaming
-   and tail beside a kernel that only reads.
+   epilogue start and exit, per CTA, after the plain glue, after a PDL glue and after the plain glue then
+   PyTorch's ``add_``; and the read ceiling's kernel stamped the same way (entry, its first and last chunk
+   landed, exit), to set our streaming and tail beside a kernel that only reads. ``--compare-package NAME``
+   stamps a changed copy's kernel next to ours.
 3. ``times``: the projection, the read ceiling and torch.matmul in the three launch contexts.
 
     python benchmarks/startup_probe.py --json startup.json
@@ -35,9 +36,8 @@ from cutlass import pipeline
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
 from decode_projection.cli_args import batch_list, shape
-from decode_projection.kernel import tactic as tactic_fields
 from decode_projection.kernel.splitk import SplitKGemm
-from decode_projection.measure.ceiling import StreamRead, stream_read
+from decode_projection.measure.ceiling import StreamRead, byte_view, fake_bytes, stream_read
 from decode_projection.measure.timing import cold_copies, foreign_kernel, interleaved_time_us
 from decode_projection.policy.policies import resolve_policies
 from decode_projection.projection import PreparedProjection, kernel_arguments, matrix_view, weight_map
@@ -218,24 +218,22 @@ class StampedRead(StreamRead):
 def stamped_read(address, weights):
     """``launch(i)``: the stamped read ceiling over weight copy ``i``, one CTA per SM as ``stream_read``."""
     device = weights[0].device
-    data = make_fake_tensor(cutlass.Uint8, (cute.sym_int(divisibility=16),), (1,), assumed_align=16)
-    code = cute.compile(StampedRead(address), data, cutlass.Int32(1), make_fake_stream(),
+    code = cute.compile(StampedRead(address), fake_bytes(), cutlass.Int32(1), make_fake_stream(),
                         options=f"--gpu-arch={architecture(device)}")
-    views = [to_cute(w.view(torch.uint8).reshape(-1)).mark_layout_dynamic() for w in weights]
+    views = [byte_view(w) for w in weights]
     ctas = cutlass.Int32(torch.cuda.get_device_properties(device).multi_processor_count)
     return lambda i: code(views[i], ctas, current_stream(device))
 
 
-def stamped_projection(address, weights, tactic, programmatic, gemm=SplitKGemm, tactic_module=tactic_fields):
+def stamped_projection(address, weights, tactic, programmatic, gemm=SplitKGemm):
     """``launch(i, x, out)``: ``tactic`` compiled with stamps, on weight copy ``i``; ``gemm``: the kernel class
-    stamped (a changed copy's SplitKGemm of the same signature, say), ``tactic_module`` its package's tactic module,
-    whose ``as_tactic`` takes the tactic by field name."""
+    stamped (a changed copy's SplitKGemm of the same signature, say, which takes the tactic by field name)."""
     device = weights[0].device
-    kernel = stamped_gemm(gemm)(tactic_module.as_tactic(tactic.to_dict()), programmatic, address)
+    kernel = stamped_gemm(gemm)(tactic.to_dict(), programmatic, address)
     code = cute.compile(kernel, *kernel_arguments(weights[0].dtype, torch.bfloat16),
                         options=f"--gpu-arch={architecture(device)}")
     prepared = [PreparedProjection(w, {1: tactic}).prepare() for w in weights]  # for weight views only
-    maps = [weight_map(w, tactic.weight_load_rows) for w in weights]  # the maps prepare() writes, ours to read
+    maps = [weight_map(w, kernel.tactic.weight_load_rows) for w in weights]  # as prepare() writes them, ours
     addresses = [cutlass.Int64(m.data_ptr()) for m in maps]
 
     def launch(i, x, out):
@@ -314,12 +312,13 @@ def fmt(triple):
 
 
 def timelines(stamps, contexts, shapes=SHAPES[:3], batches=BATCHES, kernels=None):
-    """The projection's stamped timeline per shape, batch, launch flag and context: ``contexts`` maps a name to
-    (the glue before the projection, the same glue after it, stamping ``next_start``). ``kernels`` maps a suffix of
-    the results' keys to a SplitKGemm class and its package's tactic module: default ours alone, with the weight map warm in L2 as a variant;
-    several are stamped in turn in each context (a changed copy's kernel next to ours, in one run)."""
+    """Per shape, the read ceiling's stamped timeline in each context, then the projection's per batch, launch
+    flag and context. ``contexts`` maps a name to (the glue before, the same glue after, stamping ``next_start``).
+    ``kernels`` maps a suffix of the results' keys to a SplitKGemm class: by default ours alone, with the weight
+    map warm in L2 as a variant; a changed copy's kernel next to ours is stamped in turn in each context."""
     device = stamps.device
-    kernels = kernels or {"": (SplitKGemm, tactic_fields)}
+    kernels = kernels or {"": SplitKGemm}
+    comparing = len(kernels) > 1
     results = {}
     for n, k in shapes:
         weights = [torch.randn(n, k, device=device).to(torch.bfloat16) for _ in range(cold_copies(n * k * 2, device))]
@@ -336,9 +335,8 @@ def timelines(stamps, contexts, shapes=SHAPES[:3], batches=BATCHES, kernels=None
             out = torch.empty(batch, n, device=device, dtype=torch.bfloat16)
             for programmatic in (True, False):
                 launches = {}
-                for suffix, (gemm, tactic_module) in kernels.items():
-                    launch = stamped_projection(stamps.data_ptr(), weights, tactic, programmatic, gemm,
-                                                tactic_module)
+                for suffix, gemm in kernels.items():
+                    launch = stamped_projection(stamps.data_ptr(), weights, tactic, programmatic, gemm)
                     out.fill_(float("nan"))
                     launch(0, x, out)
                     torch.cuda.synchronize()
@@ -353,12 +351,14 @@ def timelines(stamps, contexts, shapes=SHAPES[:3], batches=BATCHES, kernels=None
                         results[key] = replay_stamps(stamps, lambda i: (glue(), launch(i, x, out)), len(weights),
                                                      after=trailing)
                         show(key, results[key])
-                if len(launches) == 1:
+                if not comparing:
                     # The same after the plain glue, with the weight map read into L2 just before the glue: is the
-                    # TMA's fetch of a map in device memory on the critical path?
+                    # TMA's fetch of a map in device memory on the critical path? (Left out when comparing kernels,
+                    # to keep the run short.)
                     glue, trailing = contexts["glue"]
+                    ours = launches[""]
                     key = f"{name} after glue, map in L2"
-                    results[key] = replay_stamps(stamps, lambda i: (launch.warm_map(i), glue(), launch(i, x, out)),
+                    results[key] = replay_stamps(stamps, lambda i: (ours.warm_map(i), glue(), ours(i, x, out)),
                                                  len(weights), after=trailing)
                     show(key, results[key])
     return results
@@ -471,9 +471,8 @@ def main():
                     "glue, then PyTorch's add_": (lambda: (plain_glue(), torch_glue()), glue(False, True))}
         kernels = None
         if args.compare_package:
-            theirs = (importlib.import_module(f"{args.compare_package}.kernel.splitk").SplitKGemm,
-                      importlib.import_module(f"{args.compare_package}.kernel.tactic"))
-            kernels = {"": (SplitKGemm, tactic_fields), f" {args.compare_package}": theirs}
+            theirs = importlib.import_module(f"{args.compare_package}.kernel.splitk").SplitKGemm
+            kernels = {"": SplitKGemm, f" {args.compare_package}": theirs}
         results["timeline"] = timelines(stamps, contexts, args.shape or SHAPES[:3], args.batches, kernels)
     if "times" in parts:
         results["times"] = context_times(foreign_kernel(device), args.shape or SHAPES, args.batches)

@@ -57,13 +57,18 @@ def bar1_limit_us(cell, *, absolute=True):
     return max(limits, default=None)
 
 
+def streaming(cells):
+    """The cells at streaming batches (bars 1-3), M <= LAST_STREAMING_BATCH."""
+    return [c for c in cells if c["batch"] <= LAST_STREAMING_BATCH]
+
+
 def misses(cells, *, absolute=True):
     """``({bar: [cell that misses]}, geometric mean at streaming batches or None, streaming cells)`` of the cells of
     one policy in one context; without ``absolute`` (off the H200) bar 1 is judged by the read ceiling alone and
     bar 3 not at all."""
     found = defaultdict(list)
-    streaming = [c for c in cells if c["batch"] <= LAST_STREAMING_BATCH]
-    for c in streaming:
+    streaming_cells = streaming(cells)
+    for c in streaming_cells:
         where = f"{c['n']}x{c['k']} M={c['batch']}"
         limit = bar1_limit_us(c, absolute=absolute)
         if limit is not None and c["us"] > limit:
@@ -74,22 +79,22 @@ def misses(cells, *, absolute=True):
         if (absolute and c["context"] in STREAMING_CONTEXTS and c["n"] * c["k"] * 2 >= LARGE_WEIGHT_BYTES
                 and tbps < LEAST_TBPS):
             found[3].append(f"{where}: {tbps:.2f} TB/s < {LEAST_TBPS}")
-    geomean = geometric_mean(c["cublas_us"] / c["us"] for c in streaming) if streaming else None
+    geomean = geometric_mean(c["cublas_us"] / c["us"] for c in streaming_cells) if streaming_cells else None
     for c in cells:
         if c["batch"] > LAST_STREAMING_BATCH and c["us"] > COMPUTE_BOUND_SLACK * c["cublas_us"]:
             found[4].append(f"{c['n']}x{c['k']} M={c['batch']}: {c['us']:.2f} us > "
                             f"{COMPUTE_BOUND_SLACK} x {c['cublas_us']:.2f}")
-    return found, geomean, len(streaming)
+    return found, geomean, len(streaming_cells)
 
 
 def ceiling_speedup(cells):
     """The geometric mean over torch.matmul at streaming batches of a kernel that only read the weight: the read
     ceiling's time in place of ours, or None where a cell has no ceiling. What bar 2 could reach by streaming
     alone, with no start-up, compute or stores of its own."""
-    streaming = [c for c in cells if c["batch"] <= LAST_STREAMING_BATCH]
-    if not streaming or any(c.get("ceiling_us") is None for c in streaming):
+    streaming_cells = streaming(cells)
+    if not streaming_cells or any(c.get("ceiling_us") is None for c in streaming_cells):
         return None
-    return geometric_mean(c["cublas_us"] / c["ceiling_us"] for c in streaming)
+    return geometric_mean(c["cublas_us"] / c["ceiling_us"] for c in streaming_cells)
 
 
 def invariant_excess(cells):
@@ -167,13 +172,13 @@ def main():
             headroom_shown.add(context)
             print(f"{context}: the read ceiling in place of ours would be {reachable:.3f}x over torch.matmul "
                   f"at M<={LAST_STREAMING_BATCH} (bar 2 wants {LEAST_SPEEDUP[context]}x)")
-        found, geomean, streaming = misses(found_cells, absolute=absolute)
+        found, geomean, streaming_count = misses(found_cells, absolute=absolute)
         counts = ", ".join(f"bar {bar}: {len(found[bar])} cells" for bar in judged)
         least = LEAST_SPEEDUP[context]
         short = geomean is not None and geomean < least
         mean = "no cells" if geomean is None else f"{geomean:.3f}x"
         mean += f" (< {least}x: misses bar 2)" if short else ""
-        print(f"{policy} {context}: geometric mean at M<=64 {mean} over {streaming} cells; misses {counts}")
+        print(f"{policy} {context}: geometric mean at M<=64 {mean} over {streaming_count} cells; misses {counts}")
         missed |= any(found.values()) or short
         if not args.quiet:
             for bar in judged:

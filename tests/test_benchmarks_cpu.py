@@ -12,6 +12,7 @@ import torch
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
 from decode_projection.kernel.splitk import SplitKGemm
+from decode_projection.measure.ceiling import fake_bytes
 from decode_projection.projection import kernel_arguments
 from decode_projection.runtime.sass import kernel_report
 from decode_projection.tactic import SplitKTactic
@@ -41,7 +42,6 @@ def test_every_probe_kernel_compiles_and_stamps():
     # start, first stage full, epilogue and exit.
     assert report.sass.count("GLOBALTIMER") >= 7 and report.local_bytes == 0
     # The read ceiling's kernel beside it: entry, first and last chunk landed, exit.
-    data = make_fake_tensor(cutlass.Uint8, (cute.sym_int(divisibility=16),), (1,), assumed_align=16)
-    read = cute.compile(startup_probe.StampedRead(ADDRESS), data, cutlass.Int32(1), make_fake_stream(),
+    read = cute.compile(startup_probe.StampedRead(ADDRESS), fake_bytes(), cutlass.Int32(1), make_fake_stream(),
                         options="--gpu-arch=sm_90a")
     assert kernel_report(read).sass.count("GLOBALTIMER") >= 4

@@ -89,11 +89,21 @@ class StreamRead:
             )
 
 
+def fake_bytes():
+    """The compile-time stand-in of the buffer ``byte_view`` gives: 16-byte aligned bytes of a runtime size."""
+    return make_fake_tensor(cutlass.Uint8, (cute.sym_int(divisibility=16),), (1,), assumed_align=16)
+
+
+def byte_view(tensor: torch.Tensor) -> cute.Tensor:
+    """A contiguous tensor's bytes as the kernel's ``data``. The size must travel as a runtime value: a
+    static-shape view would not match the compiled signature, and the kernel would read a wrong size."""
+    return to_cute(tensor.view(torch.uint8).reshape(-1)).mark_layout_dynamic()
+
+
 @cache
 def compile_stream_read(arch: str):
     """The read-only kernel, compiled once per architecture."""
-    data = make_fake_tensor(cutlass.Uint8, (cute.sym_int(divisibility=16),), (1,), assumed_align=16)
-    return cute.compile(StreamRead(), data, cutlass.Int32(1), make_fake_stream(), options=f"--gpu-arch={arch}")
+    return cute.compile(StreamRead(), fake_bytes(), cutlass.Int32(1), make_fake_stream(), options=f"--gpu-arch={arch}")
 
 
 def stream_read(weight: torch.Tensor) -> None:
@@ -102,7 +112,4 @@ def stream_read(weight: torch.Tensor) -> None:
         raise ValueError("stream_read needs a contiguous tensor whose size is a multiple of 16 bytes")
     code = compile_stream_read(architecture(weight.device))
     ctas = torch.cuda.get_device_properties(weight.device).multi_processor_count
-    # The size must travel as a runtime value: a static-shape view would not
-    # match the compiled signature, and the kernel would read a wrong size.
-    data = to_cute(weight.view(torch.uint8).reshape(-1)).mark_layout_dynamic()
-    code(data, cutlass.Int32(ctas), current_stream(weight.device))
+    code(byte_view(weight), cutlass.Int32(ctas), current_stream(weight.device))
