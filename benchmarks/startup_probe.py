@@ -232,18 +232,17 @@ def stamped_projection(address, weights, tactic, programmatic, gemm=SplitKGemm):
     kernel = stamped_gemm(gemm)(tactic.to_dict(), programmatic, address)
     code = cute.compile(kernel, *kernel_arguments(weights[0].dtype, torch.bfloat16),
                         options=f"--gpu-arch={architecture(device)}")
-    prepared = [PreparedProjection(w, {1: tactic}).prepare() for w in weights]  # for weight views only
-    maps = [weight_map(w, kernel.tactic.weight_load_rows) for w in weights]  # as prepare() writes them, ours
+    views = [matrix_view(w) for w in weights]
+    maps = [weight_map(w, kernel.tactic.weight_load_rows) for w in weights]  # as prepare() writes them
     addresses = [cutlass.Int64(m.data_ptr()) for m in maps]
 
     def launch(i, x, out):
-        code(prepared[i].weight_view, matrix_view(x), matrix_view(out, output=True), addresses[i],
-             current_stream(device))
+        code(views[i], matrix_view(x), matrix_view(out, output=True), addresses[i], current_stream(device))
 
     def warm_map(i):
         """Read copy ``i``'s weight map through L2 (a reduction kernel), so that its TMA finds it there."""
         maps[i].sum()
-    launch.keep, launch.warm_map = (prepared, maps), warm_map
+    launch.keep, launch.warm_map = maps, warm_map
     return launch
 
 
@@ -333,6 +332,7 @@ def timelines(stamps, contexts, shapes=SHAPES[:3], batches=BATCHES, kernels=None
             tactic = policies[batch]
             x = torch.randn(batch, k, device=device).to(torch.bfloat16)
             out = torch.empty(batch, n, device=device, dtype=torch.bfloat16)
+            reference = x.double() @ weights[0].double().T
             for programmatic in (True, False):
                 launches = {}
                 for suffix, gemm in kernels.items():
@@ -340,7 +340,6 @@ def timelines(stamps, contexts, shapes=SHAPES[:3], batches=BATCHES, kernels=None
                     out.fill_(float("nan"))
                     launch(0, x, out)
                     torch.cuda.synchronize()
-                    reference = (x.double() @ weights[0].double().T)
                     error = ((out.double() - reference).norm() / reference.norm()).item()
                     assert error < 1e-2, f"stamped projection{suffix} is off: {error}"
                     launches[suffix] = launch
