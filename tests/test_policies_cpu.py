@@ -30,16 +30,17 @@ def early_start(*fields, **named) -> SplitKTactic:
 # The heuristic's H200 choices at batches 1, 16, 64 and 256: one tile per SM where N / SMs rounds to 32-192 rows,
 # folded into one warpgroup tile at batches up to 16 where N / SMs is 12-32 rows, stages of up to 40 KB, letting the next launch in as it starts (so do unsplit tiles alone on an SM); at 256 two
 # 128-row activation tiles sharing each weight tile where N / 66 rounds to 48-256 rows, else the fullest grid that
-# fits in one wave (sharing no loads where K is under a pipeline's worth), else one weight-as-B tile per SM.
+# fits in one wave (sharing no loads where K is under a pipeline's worth; its 64-row tiles in two column groups),
+# else one weight-as-B tile per SM.
 PINNED = [
     ((2112, 7168), early_start(16, 8, 1, 4, k_boxes=4, fold=4), SplitKTactic(128, 16, 4, 6, k_boxes=2),
-     SplitKTactic(128, 64, 4, 9), SplitKTactic(64, 128, 2, 9)),
+     SplitKTactic(128, 64, 4, 9), SplitKTactic(64, 128, 2, 9, column_groups=2)),
     ((2304, 1536), SplitKTactic(128, 8, 4, 6, k_boxes=2), SplitKTactic(128, 16, 4, 6, k_boxes=2),
      SplitKTactic(128, 64, 4, 9), SplitKTactic(48, 128, 1, 10, multicast=2, weight_as_b=True)),
     ((7168, 1536), early_start(56, 8, 1, 6, k_boxes=4), early_start(56, 16, 1, 5, k_boxes=4),
      early_start(56, 64, 1, 7, k_boxes=2), SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True)),
     ((1536, 7168), early_start(12, 8, 1, 4, k_boxes=4, fold=4), SplitKTactic(128, 16, 8, 6, k_boxes=2),
-     SplitKTactic(128, 64, 8, 9), SplitKTactic(64, 256, 4, 5)),
+     SplitKTactic(128, 64, 8, 9), SplitKTactic(64, 256, 4, 5, column_groups=2)),
     ((3072, 7168), early_start(24, 8, 1, 5, k_boxes=4, fold=2), early_start(24, 16, 1, 9, k_boxes=2, fold=2),
      SplitKTactic(128, 64, 4, 9), SplitKTactic(48, 128, 1, 10, multicast=2, weight_as_b=True)),
     ((7168, 768), early_start(56, 8, 1, 6, k_boxes=4), early_start(56, 16, 1, 5, k_boxes=4),
