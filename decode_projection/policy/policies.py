@@ -206,7 +206,12 @@ def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTa
         if tall is not None:
             return tall
         _, acts, split, rows = min(options, key=lambda o: (o[0], -o[1], o[2], -o[3]))
-    tactic = as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split)))
+    # Stages as wide as streaming ones (up to STREAMING_STAGE_BYTES: 2 boxes for 64-row tiles of up to 96
+    # activation rows): the twin with 2-box stages ran faster in 11 of 13 H100 cells at M = 96-128 (2304 x 1536 M=96:
+    # 1.14x the best timed -> 1.00x) and in 15 of 20 H200 cells timed both ways (six tunes, 2026-12-04/05;
+    # docs/measurements/2026-12-06-heuristic-one-wave-rules.txt).
+    boxes = streaming_boxes(rows, acts, split, k)
+    tactic = as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split, boxes), k_boxes=boxes))
     # Neighbouring weight tiles share each activation load (TMA multicast) where that keeps a grid that runs to
     # its waves and the split is at most 2: in the H200 timings of M = 96-256 four sharers, else two, took the
     # pick from 1.14x the best timed tactic to 1.09x (40 of 52 cells faster in one tune, three more alike;
@@ -232,7 +237,7 @@ def in_column_groups(tactic: SplitKTactic) -> SplitKTactic:
     # One warpgroup issues every wgmma of a 64-row tile; two run the halves of the batch side by side. The tuner
     # times the heuristic's pick and its twin of two column groups: the twin ran faster in 20 of 22 H100 cells at
     # M = 128-256 (2026-12-06; 1536 x 7168 M=256: 1.11x the best timed -> 1.00x) and in all 20 H200 cells timed
-    # both ways (4 cells in 5 tunes, 2026-12-04/05; docs/measurements/2026-12-06-heuristic-column-groups.txt).
+    # both ways (4 cells in 5 tunes, 2026-12-04/05; docs/measurements/2026-12-06-heuristic-one-wave-rules.txt).
     grouped = replace(tactic, column_groups=2)
     return grouped if grouped.valid else tactic
 
