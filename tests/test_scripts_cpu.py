@@ -1,5 +1,5 @@
-"""The measurement scripts and the table tools: speed bars, merging tuned tables by benchmark, replacing shapes,
-the cells a re-tune changed, profile summaries."""
+"""The measurement scripts and the table tools: speed bars, two sets of runs compared, merging tuned tables by
+benchmark, replacing shapes, the cells a re-tune changed, profile summaries."""
 
 import importlib.util
 import json
@@ -394,3 +394,25 @@ def test_epilogue_bars_judge_each_cells_medians(tmp_path, capsys):
     assert "bar 2  7168x1536 M=1 bias chain: fused 6.10 us >= separate 6.05" in out
     assert "residual" not in out.split("misses")[0] and "misses bar 1: 0, bar 2: 1, bar 3: 0" in out
     assert bars.main(files[:1]) == 0 and "a look, not a verdict" in capsys.readouterr().out
+
+
+def test_compare_runs_sums_up_each_set_by_its_medians_and_lists_changed_tactics(tmp_path, capsys):
+    compare = load_script("compare_runs")
+    old, new = SplitKTactic(64, 8, 1, 6).to_dict(), SplitKTactic(128, 8, 1, 6).to_dict()
+
+    def run(name, us, tactic, gpu="NVIDIA H100 80GB HBM3"):
+        cells = [{**cell(7168, 768, 1, us, 6.0, context=context), "tactic": tactic} for context in ("chain", "glue")]
+        cells.append({**cell(7168, 768, 128, 8.0, 8.0), "tactic": old})
+        return write_bench(tmp_path / name, gpu, cells)
+
+    before = [run("a1.json", 4.0, old), run("a2.json", 5.0, old), run("a3.json", 6.0, old)]
+    after = [run("b1.json", 3.0, new), run("b2.json", 3.0, new)]
+    compare.main(["--before", *before, "--after", *after])
+    out = capsys.readouterr().out
+    # Each set's median time (5.0 and 3.0 us) against torch.matmul's 6.0, per context and batch range.
+    assert "chain    M=1-64: 1.2000x -> 2.0000x over 1 cells" in out
+    assert "chain    M=96-256: 1.0000x -> 1.0000x over 1 cells" in out
+    assert "7168x768 M=1   glue        5.00 ->    3.00 (-2.00)" in out and "(64,8,1,6,1,1,1) -> (128,8,1,6,1,1,1)" in out
+    assert "M=128" not in out.split("tactics\n")[1]  # its tactic did not change
+    with pytest.raises(SystemExit):
+        compare.main(["--before", *before, "--after", run("h200.json", 3.0, new, gpu="NVIDIA H200")])

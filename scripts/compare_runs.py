@@ -1,0 +1,94 @@
+"""Compare two sets of saved benchmark runs (``bench --json``) of the same cells: tables before and after a re-tune,
+or a kernel before and after a change, timed alternately on one machine.
+
+Per launch context and batch range (M = 1..64, 96..256) it prints the geometric-mean speedup over torch.matmul of
+each set (per cell the median over that set's runs, torch.matmul's own time taken from the same runs), then every
+cell whose tactic differs between the sets with its median times. Runs of different GPUs are refused.
+
+    python scripts/compare_runs.py --before old-1.json old-2.json --after new-1.json new-2.json [--policy tuned]
+"""
+
+import argparse
+import statistics
+from collections import defaultdict
+
+from decode_projection.kernel.tactic import stored_tactic
+from decode_projection.measure.report import document_cells, read_document
+from decode_projection.measure.timing import geometric_mean
+
+CONTEXTS = ("chain", "pdl-glue", "glue")
+BATCH_RANGES = ((1, 64), (96, 256))
+
+
+def cells_by_key(paths, policy):
+    """``({(n, k, batch, context): [cell of each run]}, gpu)`` of one set of runs of ``policy``."""
+    found, gpus = defaultdict(list), set()
+    for path in paths:
+        document = read_document(path)
+        gpus.add((document.get("meta") or {}).get("gpu"))
+        for cell in document_cells(document):
+            if cell["policy"] == policy:
+                found[(cell["n"], cell["k"], cell["batch"], cell["context"])].append(cell)
+    if len(gpus) != 1:
+        raise ValueError(f"runs of more than one GPU: {sorted(map(str, gpus))}")
+    return found, gpus.pop()
+
+
+def speedup(cells):
+    """The median over runs of torch.matmul's time over ours."""
+    return statistics.median(cell["cublas_us"] / cell["us"] for cell in cells)
+
+
+def median_us(cells, field="us"):
+    """The median over runs of a cell's ``field``."""
+    return statistics.median(cell[field] for cell in cells)
+
+
+def summary(before, after):
+    """Lines of geometric means per context and batch range over the cells both sets hold."""
+    lines = []
+    common = before.keys() & after.keys()
+    for context in CONTEXTS:
+        for low, high in BATCH_RANGES:
+            keys = [key for key in common if key[3] == context and low <= key[2] <= high]
+            if keys:
+                lines.append(f"{context:8s} M={low}-{high}: {geometric_mean(speedup(before[k]) for k in keys):.4f}x -> "
+                             f"{geometric_mean(speedup(after[k]) for k in keys):.4f}x over {len(keys)} cells")
+    return lines
+
+
+def changed_cells(before, after):
+    """Lines for the cells whose tactic differs: median us before -> after (difference), torch.matmul's, tactics."""
+    lines = []
+    order = {context: i for i, context in enumerate(CONTEXTS)}
+    for key in sorted(before.keys() & after.keys(), key=lambda key: (*key[:3], order.get(key[3], len(order)))):
+        old, new = stored_tactic(before[key][0]["tactic"]), stored_tactic(after[key][0]["tactic"])
+        if old == new:
+            continue
+        n, k, batch, context = key
+        was, now = median_us(before[key]), median_us(after[key])
+        torch_us = median_us(before[key] + after[key], "cublas_us")
+        lines.append(f"{n}x{k} M={batch:<3d} {context:8s} {was:7.2f} -> {now:7.2f} ({now - was:+.2f})  "
+                     f"torch.matmul {torch_us:7.2f}  {old.label} -> {new.label}")
+    return lines
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", nargs="+", required=True, help="runs of the first set (bench --json)")
+    parser.add_argument("--after", nargs="+", required=True, help="runs of the second set, same cells")
+    parser.add_argument("--policy", default="tuned", help="the policy compared (default: %(default)s)")
+    args = parser.parse_args(argv)
+    before, gpu = cells_by_key(args.before, args.policy)
+    after, other = cells_by_key(args.after, args.policy)
+    if gpu != other:
+        parser.error(f"the sets ran on different GPUs: {gpu} and {other}")
+    print(f"# {gpu}: geometric mean over torch.matmul, before -> after ({len(args.before)} and "
+          f"{len(args.after)} runs; per cell the median over runs)")
+    print("\n".join(summary(before, after)))
+    print("# cells whose tactic changed: median us before -> after (difference), torch.matmul's, tactics")
+    print("\n".join(changed_cells(before, after)))
+
+
+if __name__ == "__main__":
+    main()
