@@ -2,8 +2,9 @@
 or a kernel before and after a change, timed alternately on one machine.
 
 Per launch context and batch range (M = 1..64, 96..256) it prints the geometric-mean speedup over torch.matmul of
-each set (per cell the median over that set's runs, torch.matmul's own time taken from the same runs), then every
-cell whose tactic differs between the sets with its median times. Runs of different GPUs are refused.
+each set over the cells both hold (per cell the median over that set's runs, torch.matmul's own time taken from the
+same runs), the cells only one set holds, then every cell whose tactic differs between the sets with its median
+times. Runs of different GPUs are refused.
 
     python scripts/compare_runs.py --before old-1.json old-2.json --after new-1.json new-2.json [--policy tuned]
 """
@@ -79,13 +80,22 @@ def main(argv=None):
     parser.add_argument("--after", nargs="+", required=True, help="runs of the second set, same cells")
     parser.add_argument("--policy", default="tuned", help="the policy compared (default: %(default)s)")
     args = parser.parse_args(argv)
-    before, gpu = cells_by_key(args.before, args.policy)
-    after, other = cells_by_key(args.after, args.policy)
+    try:
+        before, gpu = cells_by_key(args.before, args.policy)
+        after, other = cells_by_key(args.after, args.policy)
+    except ValueError as error:
+        parser.error(str(error))
     if gpu != other:
         parser.error(f"the sets ran on different GPUs: {gpu} and {other}")
+    if not before or not after:
+        parser.error(f"no cells of the policy {args.policy!r} in {'--before' if not before else '--after'}")
     print(f"# {gpu}: geometric mean over torch.matmul, before -> after ({len(args.before)} and "
           f"{len(args.after)} runs; per cell the median over runs)")
     print("\n".join(summary(before, after)))
+    only = sorted(before.keys() ^ after.keys())
+    if only:
+        print(f"# {len(only)} cells in one set only, left out: " + ", ".join(
+            f"{n}x{k} M={batch} {context}" for n, k, batch, context in only))
     print("# cells whose tactic changed: median us before -> after (difference), torch.matmul's, tactics")
     print("\n".join(changed_cells(before, after)))
 

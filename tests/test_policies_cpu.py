@@ -16,7 +16,7 @@ from decode_projection.policy.policies import (
     filling_tactic, folded_tactic, grid_ctas, one_wave_tactic, predicted_time_us, resolve_policies, shared_weight_tactic, waves,
 )
 from decode_projection.policy.workload import DECODE_BATCHES, KIMI_K3_SHAPES
-from decode_projection.runtime.gpu import H100, H200, GpuSpec, device_index
+from decode_projection.runtime.gpu import H100, H200, KNOWN_GPUS, GpuSpec, device_index
 from decode_projection.tuning import candidates
 from decode_projection.tuning.candidates import (
     candidate_tactics, early_dependents_tactics, filling_tactics, with_k_boxes,
@@ -495,6 +495,21 @@ def test_shared_weight_tiles_serve_the_whole_batch_in_one_wave():
     # Three 64-row activation tiles with pairs would take two pairs, the last wholly past the batch.
     assert grid_ctas(SplitKTactic(112, 64, 1, 7, multicast=2, weight_as_b=True), 7168, 192) == 64 * 4
     assert grid_ctas(SplitKTactic(112, 64, 1, 7, multicast=2), 7168, 192) == 64 * 3
+
+
+def test_the_tuner_still_times_what_the_one_wave_rules_turned_away_from():
+    # A pick in two column groups or in 2-box stages is timed next to its twin in one group and in one-box
+    # stages (the same boxes in flight), so that every tune keeps judging those rules.
+    for gpu in KNOWN_GPUS.values():
+        for (n, k) in KIMI_K3_SHAPES:
+            for batch in (96, 128, 192):
+                pick = default_tactic(n, k, batch, gpu)
+                offered = candidate_tactics(n, k, batch, gpu, limit=12)
+                assert pick in offered
+                if pick.column_groups == 2:
+                    assert replace(pick, column_groups=1) in offered, f"{n}x{k} M={batch}"
+                if pick.k_boxes == 2 and not pick.weight_as_b:
+                    assert with_k_boxes(pick, 1) in offered, f"{n}x{k} M={batch}"
 
 
 def test_padded_weight_tiles_fill_the_sms_at_streaming_batches():

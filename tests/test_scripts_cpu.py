@@ -416,3 +416,15 @@ def test_compare_runs_sums_up_each_set_by_its_medians_and_lists_changed_tactics(
     assert "M=128" not in out.split("tactics\n")[1]  # its tactic did not change
     with pytest.raises(SystemExit):
         compare.main(["--before", *before, "--after", run("h200.json", 3.0, new, gpu="NVIDIA H200")])
+    with pytest.raises(SystemExit):  # two GPUs within one set
+        compare.main(["--before", *before, run("h200.json", 3.0, new, gpu="NVIDIA H200"), "--after", *after])
+    with pytest.raises(SystemExit):  # no cells of that policy
+        compare.main(["--before", *before, "--after", *after, "--policy", "heuristic"])
+    # A cell that only one set holds is named and left out of the sums.
+    extra = write_bench(tmp_path / "b3.json", "NVIDIA H100 80GB HBM3",
+                        [{**cell(7168, 1536, 1, 3.0, 6.0), "tactic": new}])
+    capsys.readouterr()
+    compare.main(["--before", *before, "--after", *after, extra])
+    out = capsys.readouterr().out
+    assert "1 cells in one set only, left out: 7168x1536 M=1 chain" in out
+    assert "chain    M=1-64: 1.2000x -> 2.0000x over 1 cells" in out

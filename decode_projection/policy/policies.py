@@ -206,11 +206,11 @@ def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTa
         if tall is not None:
             return tall
         _, acts, split, rows = min(options, key=lambda o: (o[0], -o[1], o[2], -o[3]))
-    # Stages as wide as streaming ones (up to STREAMING_STAGE_BYTES: 2 boxes for 64-row tiles of up to 96
-    # activation rows): the twin with 2-box stages ran faster in 11 of 13 H100 cells at M = 96-128 (2304 x 1536 M=96:
-    # 1.14x the best timed -> 1.00x) and in 15 of 20 H200 cells timed both ways (six tunes, 2026-12-04/05;
-    # docs/measurements/2026-12-06-heuristic-one-wave-rules.txt).
-    boxes = streaming_boxes(rows, acts, split, k)
+    # 64-row tiles in stages as wide as streaming ones (up to STREAMING_STAGE_BYTES: 2 boxes up to 96 activation
+    # rows): the twin with 2-box stages ran faster in 11 of 13 H100 cells at M = 96-192 (2304 x 1536 M=96: 1.14x
+    # the best timed -> 1.00x) and in 15 of 20 H200 cells timed both ways (six tunes, 2026-12-04/05;
+    # docs/measurements/2026-12-06-heuristic-one-wave-rules.txt). Wider tiles were not timed that way.
+    boxes = streaming_boxes(rows, acts, split, k) if rows == WGMMA_ROWS else 1
     tactic = as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split, boxes), k_boxes=boxes))
     # Neighbouring weight tiles share each activation load (TMA multicast) where that keeps a grid that runs to
     # its waves and the split is at most 2: in the H200 timings of M = 96-256 four sharers, else two, took the
@@ -222,7 +222,7 @@ def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTa
     # shared, 1.05-1.06x unshared (14 of 14 cells faster; tune timings, H100 2026-12-06 and H200 2026-12-04).
     unshared_waves = waves(tactic, n, batch, gpu)
     if (tactic.split > MOST_SHARING_SPLIT or not math.isfinite(unshared_waves)
-            or tactic.k_tiles(k) < MIN_K_TILES_PER_CTA):
+            or math.ceil(k / BOX_K) < MIN_K_TILES_PER_CTA):
         return in_column_groups(tactic)
     for sharers in ACTIVATION_SHARERS:
         shared = replace(tactic, multicast=sharers)

@@ -9,8 +9,8 @@ batches the reserved slots alone exceed 8: the H200 tables were tuned with 12 to
 1. The heuristic's pick (letting the next launch in late), the cost model's best
    of each (weight rows, activation rows, split) family, then its best overall:
    every slot the groups below do not reserve.
-2. WIDE_STAGE_CANDIDATES 2- and 4-box variants of the first two, unless an order
-   pins the split and K boxes.
+2. WIDE_STAGE_CANDIDATES 2- and 4-box variants of the first two (and a compute-bound
+   pick's one-box twin where it has wide stages), unless an order pins the split and K boxes.
 3. SHARED_LOAD_CANDIDATES: the first with its activation tile multicast to 2 and 4
    weight tiles, from SHARED_LOAD_ROWS activation rows on (multicast never changes
    the sums), unless rounding the tiles up to whole groups would push a one-wave
@@ -23,8 +23,8 @@ batches the reserved slots alone exceed 8: the H200 tables were tuned with 12 to
 5. BUFFERED_PARTIALS_CANDIDATES split tactics without a buffer for their partials (those of group 1 that share
    an SM first, then those of groups 4 and 1), in fewer stages that leave them one (``buffered_partials_tactics``).
 6. At compute-bound batches, COLUMN_GROUP_CANDIDATES of the best 64-row tactics
-   with two consumer warpgroups splitting the activation tile (how busy they keep
-   the tensor pipe is for timing to tell).
+   with the other count of consumer warpgroups splitting the activation tile (two;
+   one for a pick that has two): how busy they keep the tensor pipe is for timing to tell.
 7. From WEIGHT_AS_B_ROWS activation rows on, WEIGHT_AS_B_CANDIDATES with the
    weight as wgmma's B, unless an order is pinned (the GPU tests verify batch
    invariance for the weight as A only), then SHARED_WEIGHT_CANDIDATES whose
@@ -276,7 +276,9 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     if activation_rows < COMPUTE_BOUND_ROWS:
         folded = folded_tactics(n, k, batch, gpu, order)[:FOLDED_CANDIDATES]
     else:
-        columns = [replace(t, column_groups=2) for t in chosen if t.weight_rows == WGMMA_ROWS]
+        # The other count of column groups: two for the pool's tactics, one for a pick that already has two (so
+        # that its rule stays judged by the timings).
+        columns = [replace(t, column_groups=3 - t.column_groups) for t in chosen if t.weight_rows == WGMMA_ROWS]
         columns = [t for t in columns if t.valid][:COLUMN_GROUP_CANDIDATES]
     if activation_rows >= WEIGHT_AS_B_ROWS and order is None:
         weight_as_b = filling_tactics(n, k, batch, gpu, weight_as_b=True)[:WEIGHT_AS_B_CANDIDATES]
@@ -292,6 +294,10 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     wide = []
     if order is None:
         wide = [with_k_boxes(t, boxes) for t in base[:2] for boxes in K_BOXES[1:] if t.k_boxes == 1]
+        if activation_rows >= COMPUTE_BOUND_ROWS and base[0].k_boxes > 1:
+            # A one-wave pick in wide stages (policies.one_wave_tactic): its one-box twin, so that the rule stays
+            # judged by the timings.
+            wide.append(with_k_boxes(base[0], 1))
         wide = [t for t in wide if t.valid and fills_every_rank(t, k) and t not in base]
     shared = []
     if base[0].activation_rows >= SHARED_LOAD_ROWS:
