@@ -83,12 +83,14 @@ def main(argv=None):
     try:
         before, gpu = cells_by_key(args.before, args.policy)
         after, other = cells_by_key(args.after, args.policy)
-    except ValueError as error:
-        parser.error(str(error))
+    except (OSError, KeyError, AttributeError, TypeError, ValueError) as error:
+        parser.error(f"unreadable runs: {error!r}")
     if gpu != other:
         parser.error(f"the sets ran on different GPUs: {gpu} and {other}")
     if not before or not after:
         parser.error(f"no cells of the policy {args.policy!r} in {'--before' if not before else '--after'}")
+    if not before.keys() & after.keys():
+        parser.error("the two sets share no cell")
     print(f"# {gpu}: geometric mean over torch.matmul, before -> after ({len(args.before)} and "
           f"{len(args.after)} runs; per cell the median over runs)")
     print("\n".join(summary(before, after)))

@@ -412,7 +412,8 @@ def test_compare_runs_sums_up_each_set_by_its_medians_and_lists_changed_tactics(
     # Each set's median time (5.0 and 3.0 us) against torch.matmul's 6.0, per context and batch range.
     assert "chain    M=1-64: 1.2000x -> 2.0000x over 1 cells" in out
     assert "chain    M=96-256: 1.0000x -> 1.0000x over 1 cells" in out
-    assert "7168x768 M=1   glue        5.00 ->    3.00 (-2.00)" in out and "(64,8,1,6,1,1,1) -> (128,8,1,6,1,1,1)" in out
+    assert "7168x768 M=1   glue        5.00 ->    3.00 (-2.00)" in out
+    assert "(64,8,1,6,1,1,1) -> (128,8,1,6,1,1,1)" in out
     assert "M=128" not in out.split("tactics\n")[1]  # its tactic did not change
     with pytest.raises(SystemExit):
         compare.main(["--before", *before, "--after", run("h200.json", 3.0, new, gpu="NVIDIA H200")])
@@ -420,6 +421,12 @@ def test_compare_runs_sums_up_each_set_by_its_medians_and_lists_changed_tactics(
         compare.main(["--before", *before, run("h200.json", 3.0, new, gpu="NVIDIA H200"), "--after", *after])
     with pytest.raises(SystemExit):  # no cells of that policy
         compare.main(["--before", *before, "--after", *after, "--policy", "heuristic"])
+    with pytest.raises(SystemExit):  # a path that is not there
+        compare.main(["--before", str(tmp_path / "missing.json"), "--after", *after])
+    elsewhere = write_bench(tmp_path / "c1.json", "NVIDIA H100 80GB HBM3",
+                            [{**cell(1536, 128, 1, 1.0, 2.0), "tactic": new}])
+    with pytest.raises(SystemExit):  # no cell in common
+        compare.main(["--before", *before, "--after", elsewhere])
     # A cell that only one set holds is named and left out of the sums.
     extra = write_bench(tmp_path / "b3.json", "NVIDIA H100 80GB HBM3",
                         [{**cell(7168, 1536, 1, 3.0, 6.0), "tactic": new}])

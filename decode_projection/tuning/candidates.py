@@ -53,7 +53,7 @@ from ..runtime.sm90 import PORTABLE_CLUSTER, WGMMA_ROWS
 WIDE_STAGE_CANDIDATES = 4  # slots for 2- and 4-box variants of the best one-box tactics
 SHARED_LOAD_CANDIDATES = 2  # slots for the best tactic with its activations shared by the other of 1, 2 and 4 tiles
 SHARED_LOAD_ROWS = 32  # activation tiles from here on cost enough L2 traffic to share
-COLUMN_GROUP_CANDIDATES = 2  # slots for the best 64-row tactics with two warpgroups splitting the activations
+COLUMN_GROUP_CANDIDATES = 2  # slots for the best 64-row tactics in the other count of column groups
 WEIGHT_AS_B_CANDIDATES = 4  # slots for the best tactics with the weight as wgmma's B, sized to fill the SMs
 # Slots for weight-as-B tiles whose weight tile is multicast to every activation tile of the batch: on the H200 each
 # 128-row pair ran 0.6-1.0 us faster back to back than its unshared tile at M=256 and 0.1-2.3 us after glue, and three
