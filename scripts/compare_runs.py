@@ -2,47 +2,37 @@
 or a kernel before and after a change, timed alternately on one machine.
 
 Per launch context and batch range (M = 1..64, 96..256) it prints the geometric-mean speedup over torch.matmul of
-each set over the cells both hold (per cell the median over that set's runs, torch.matmul's own time taken from the
-same runs), the cells only one set holds, then every cell whose tactic differs between the sets with its median
-times. Runs of different GPUs are refused.
+each set over the cells both hold (per cell the medians over that set's runs of ours and of torch.matmul, timed in
+the same runs), the cells only one set holds, then every cell whose tactic differs between the sets with its
+median times, torch.matmul's in each set. Runs of different GPUs are refused.
 
     python scripts/compare_runs.py --before old-1.json old-2.json --after new-1.json new-2.json [--policy tuned]
 """
 
 import argparse
-import statistics
-from collections import defaultdict
 
 from decode_projection.kernel.tactic import stored_tactic
-from decode_projection.measure.report import document_cells, read_document
-from decode_projection.measure.timing import geometric_mean
+from decode_projection.measure.report import document_cells, median_cells, read_document
+from decode_projection.measure.timing import CONTEXTS, geometric_mean
 
-CONTEXTS = ("chain", "pdl-glue", "glue")
 BATCH_RANGES = ((1, 64), (96, 256))
 
 
 def cells_by_key(paths, policy):
-    """``({(n, k, batch, context): [cell of each run]}, gpu)`` of one set of runs of ``policy``."""
-    found, gpus = defaultdict(list), set()
+    """``({(n, k, batch, context): cell of medians over the runs}, gpu)`` of one set of runs of ``policy``."""
+    runs, gpus = [], set()
     for path in paths:
         document = read_document(path)
         gpus.add((document.get("meta") or {}).get("gpu"))
-        for cell in document_cells(document):
-            if cell["policy"] == policy:
-                found[(cell["n"], cell["k"], cell["batch"], cell["context"])].append(cell)
+        runs.append([cell for cell in document_cells(document) if cell["policy"] == policy])
     if len(gpus) != 1:
         raise ValueError(f"runs of more than one GPU: {sorted(map(str, gpus))}")
-    return found, gpus.pop()
+    return {(c["n"], c["k"], c["batch"], c["context"]): c for c in median_cells(runs)}, gpus.pop()
 
 
-def speedup(cells):
-    """The median over runs of torch.matmul's time over ours."""
-    return statistics.median(cell["cublas_us"] / cell["us"] for cell in cells)
-
-
-def median_us(cells, field="us"):
-    """The median over runs of a cell's ``field``."""
-    return statistics.median(cell[field] for cell in cells)
+def speedup(cell):
+    """torch.matmul's time over ours."""
+    return cell["cublas_us"] / cell["us"]
 
 
 def summary(before, after):
@@ -63,14 +53,14 @@ def changed_cells(before, after):
     lines = []
     order = {context: i for i, context in enumerate(CONTEXTS)}
     for key in sorted(before.keys() & after.keys(), key=lambda key: (*key[:3], order.get(key[3], len(order)))):
-        old, new = stored_tactic(before[key][0]["tactic"]), stored_tactic(after[key][0]["tactic"])
+        old, new = stored_tactic(before[key]["tactic"]), stored_tactic(after[key]["tactic"])
         if old == new:
             continue
         n, k, batch, context = key
-        was, now = median_us(before[key]), median_us(after[key])
-        torch_us = median_us(before[key] + after[key], "cublas_us")
+        was, now = before[key]["us"], after[key]["us"]
         lines.append(f"{n}x{k} M={batch:<3d} {context:8s} {was:7.2f} -> {now:7.2f} ({now - was:+.2f})  "
-                     f"torch.matmul {torch_us:7.2f}  {old.label} -> {new.label}")
+                     f"torch.matmul {before[key]['cublas_us']:7.2f} / {after[key]['cublas_us']:7.2f}  "
+                     f"{old.label} -> {new.label}")
     return lines
 
 
@@ -92,13 +82,14 @@ def main(argv=None):
     if not before.keys() & after.keys():
         parser.error("the two sets share no cell")
     print(f"# {gpu}: geometric mean over torch.matmul, before -> after ({len(args.before)} and "
-          f"{len(args.after)} runs; per cell the median over runs)")
+          f"{len(args.after)} runs; per cell the medians over runs)")
     print("\n".join(summary(before, after)))
     only = sorted(before.keys() ^ after.keys())
     if only:
         print(f"# {len(only)} cells in one set only, left out: " + ", ".join(
             f"{n}x{k} M={batch} {context}" for n, k, batch, context in only))
-    print("# cells whose tactic changed: median us before -> after (difference), torch.matmul's, tactics")
+    print("# cells whose tactic changed: median us before -> after (difference), torch.matmul's before / after, "
+          "tactics")
     print("\n".join(changed_cells(before, after)))
 
 

@@ -28,10 +28,9 @@ are refused: their medians would mean nothing.
 """
 
 import argparse
-import statistics
 from collections import defaultdict
 
-from decode_projection.measure.report import document_cells, read_document
+from decode_projection.measure.report import document_cells, median_cells, read_document
 from decode_projection.measure.timing import geometric_mean
 from decode_projection.tuning.tune import INVARIANT_EXCESS  # batch-invariant over tuned time, per cell, M <= 64
 
@@ -110,22 +109,6 @@ def invariant_excess(cells):
     ]
 
 
-def combined(runs):
-    """One cell per (policy, context, shape, batch) of several runs' cells: the median of ours, of torch.matmul and
-    of the read ceiling (None unless every run measured it)."""
-    grouped = defaultdict(list)
-    for cells in runs:
-        for c in cells:
-            grouped[c["policy"], c["context"], c["n"], c["k"], c["batch"]].append(c)
-    return [
-        dict(found[0], us=statistics.median(c["us"] for c in found),
-             cublas_us=statistics.median(c["cublas_us"] for c in found),
-             ceiling_us=None if any(c.get("ceiling_us") is None for c in found)
-             else statistics.median(c["ceiling_us"] for c in found))
-        for found in grouped.values()
-    ]
-
-
 def groups(cells):
     """``{(policy, context): cells}`` in the order of the contexts' first cells, policies sorted."""
     found = defaultdict(list)
@@ -163,7 +146,7 @@ def main():
                 if geomean is not None:
                     print(f"{path}: {policy} {context} geometric mean at M<=64 {geomean:.3f}x")
         print(f"cells judged on their medians over {len(runs)} runs:")
-    cells = combined(runs) if len(runs) > 1 else runs[0]
+    cells = median_cells(runs) if len(runs) > 1 else runs[0]
     missed = False
     judged = (1, 2, 3, 4) if absolute else (1, 2, 4)
     headroom_shown = set()

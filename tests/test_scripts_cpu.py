@@ -9,6 +9,7 @@ import pytest
 
 from decode_projection import SplitKTactic
 from decode_projection.__main__ import main
+from decode_projection.measure.report import median_cells
 from decode_projection.tuning import table_tools
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
@@ -70,14 +71,13 @@ def test_the_read_ceilings_own_speedup_is_judged_at_streaming_batches_only():
 
 
 def test_speed_bars_judge_several_runs_on_each_cells_medians():
-    bars = load_script("speed_bars")
     runs = [[cell(2112, 7168, 1, us, cublas, ceiling_us=ceiling)]
             for us, cublas, ceiling in ((8.0, 12.0, 7.0), (9.5, 12.6, 7.4), (8.2, 13.0, 7.2))]
-    (one,) = bars.combined(runs)
+    (one,) = median_cells(runs)
     assert (one["us"], one["cublas_us"], one["ceiling_us"]) == (8.2, 12.6, 7.2)
     # The median of each policy's and each context's cells, not of the runs' mix.
-    mixed = bars.combined([[cell(2112, 7168, 1, 8.0, 12.0), cell(2112, 7168, 1, 9.0, 12.0, "batch-invariant"),
-                            cell(2112, 7168, 1, 10.0, 12.0, context="glue")]] * 3)
+    mixed = median_cells([[cell(2112, 7168, 1, 8.0, 12.0), cell(2112, 7168, 1, 9.0, 12.0, "batch-invariant"),
+                           cell(2112, 7168, 1, 10.0, 12.0, context="glue")]] * 3)
     assert sorted(c["us"] for c in mixed) == [8.0, 9.0, 10.0]
 
 

@@ -10,6 +10,8 @@ format and each tactic a list of its fields in order, still read.
 import csv
 import gzip
 import json
+import statistics
+from collections import defaultdict
 from dataclasses import asdict, replace
 
 from ..kernel.tactic import stored_tactic
@@ -98,6 +100,22 @@ def document_cells(document) -> list[dict]:
     method = (document.get("meta") or {}).get("method", "")
     context = GLUE if "foreign kernel" in method else CHAIN
     return [{"context": context, **row} for row in document["cells"]]
+
+
+def median_cells(runs) -> list[dict]:
+    """One cell per (policy, context, shape, batch) of several runs' cells (each a ``document_cells`` list): the
+    median of ours, of torch.matmul and of the read ceiling (None unless every run measured it)."""
+    grouped = defaultdict(list)
+    for cells in runs:
+        for c in cells:
+            grouped[c["policy"], c["context"], c["n"], c["k"], c["batch"]].append(c)
+    return [
+        dict(found[0], us=statistics.median(c["us"] for c in found),
+             cublas_us=statistics.median(c["cublas_us"] for c in found),
+             ceiling_us=None if any(c.get("ceiling_us") is None for c in found)
+             else statistics.median(c["ceiling_us"] for c in found))
+        for found in grouped.values()
+    ]
 
 
 def load_json(path):
