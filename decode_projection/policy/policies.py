@@ -234,10 +234,10 @@ def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTa
 def in_column_groups(tactic: SplitKTactic) -> SplitKTactic:
     """``tactic`` with two consumer warpgroups, each over half of its activation columns, where it may have them (64
     weight rows as A, 128 or more activation rows)."""
-    # One warpgroup issues every wgmma of a 64-row tile; two run the halves of the batch side by side. The tunes
-    # timed the one-wave pick beside its twin of two column groups (they now time a two-group pick beside its
-    # one-group twin): the twin ran faster in 20 of 22 H100 cells at M = 128-256 (2026-12-06; 1536 x 7168 M=256:
-    # 1.11x the best timed -> 1.00x) and in all 20 H200 cells timed both ways (4 cells in 5 tunes, 2026-12-04/05;
+    # One warpgroup issues every wgmma of a 64-row tile; two run the halves of the batch side by side. The tuner
+    # times a pick beside its twin in the other count of column groups: the two-group twin of one-group picks ran
+    # faster in 20 of 22 H100 cells at M = 128-256 (2026-12-06; 1536 x 7168 M=256: 1.11x the best timed -> 1.00x)
+    # and in all 20 H200 cells timed both ways (4 cells in 5 tunes, 2026-12-04/05;
     # docs/measurements/2026-12-06-heuristic-one-wave-rules.txt).
     grouped = replace(tactic, column_groups=2)
     return grouped if grouped.valid else tactic

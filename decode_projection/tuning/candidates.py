@@ -278,7 +278,8 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
     else:
         # The other count of column groups: two for the pool's tactics, one for a pick that already has two (so
         # that its rule stays judged by the timings).
-        columns = [replace(t, column_groups=3 - t.column_groups) for t in chosen if t.weight_rows == WGMMA_ROWS]
+        columns = [replace(t, column_groups=2 if t.column_groups == 1 else 1)
+                   for t in chosen if t.weight_rows == WGMMA_ROWS]
         columns = [t for t in columns if t.valid][:COLUMN_GROUP_CANDIDATES]
     if activation_rows >= WEIGHT_AS_B_ROWS and order is None:
         weight_as_b = filling_tactics(n, k, batch, gpu, weight_as_b=True)[:WEIGHT_AS_B_CANDIDATES]
