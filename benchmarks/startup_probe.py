@@ -12,12 +12,14 @@ on a Hopper GPU, what the projection pays there and why:
    epilogue start and exit, per CTA, after the plain glue, after a PDL glue and after the plain glue then
    PyTorch's ``add_``; and the read ceiling's kernel stamped the same way (entry, its first and last chunk
    landed, exit), to set our streaming and tail beside a kernel that only reads. ``--compare-package NAME``
-   stamps a changed copy's kernel next to ours.
+   stamps a changed copy's kernel next to ours; ``--tiled-weight`` ours reading a copy of the weight whose
+   every weight box is contiguous (tiled_weight.py), in the timeline and the times.
 3. ``times``: the projection, the read ceiling and torch.matmul in the three launch contexts.
 
     python benchmarks/startup_probe.py --json startup.json
     python benchmarks/startup_probe.py --parts timeline,times --shape 1536x128 --shape 7168x768 --batches 1,32,64
     python benchmarks/startup_probe.py --parts timeline --compare-package decode_projection_changed --batches 1
+    python benchmarks/startup_probe.py --parts timeline,times --tiled-weight --shape 7168x768 --batches 1,64
 
 Every stamp is relative to the end of the previous kernel's last CTA (the glue's), in microseconds, as
 medians over replays of a CUDA graph of repeated pairs rotating through weight copies worth over 3x the L2 (the
@@ -38,11 +40,13 @@ from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 from decode_projection.cli_args import batch_list, shape
 from decode_projection.kernel.splitk import SplitKGemm
 from decode_projection.measure.ceiling import StreamRead, byte_view, fake_bytes, stream_read
+from decode_projection.measure.checks import Reference
 from decode_projection.measure.timing import cold_copies, foreign_kernel, interleaved_time_us
 from decode_projection.policy.policies import resolve_policies
 from decode_projection.projection import PreparedProjection, kernel_arguments, matrix_view, weight_map
 from decode_projection.runtime import architecture, current_stream, to_cute
 from decode_projection.runtime.gpu import gpu_spec
+from tiled_weight import tile_contiguous, tiled_weight_gemm, tiling_problems
 
 EVENTS = ("glue_end", "entry", "first_weight_tma", "producer_waited", "consumer_start", "first_stage_full",
           "epilogue", "exit", "next_start", "glue_start")
@@ -225,15 +229,16 @@ def stamped_read(address, weights):
     return lambda i: code(views[i], ctas, current_stream(device))
 
 
-def stamped_projection(address, weights, tactic, programmatic, gemm=SplitKGemm):
-    """``launch(i, x, out)``: ``tactic`` compiled with stamps, on weight copy ``i``; ``gemm``: the kernel class
-    stamped (a changed copy's SplitKGemm of the same signature, say, which takes the tactic by field name)."""
+def projection_launch(kernel, weights, tiled=False):
+    """``launch(i, x, out)``: ``kernel`` (a SplitKGemm) compiled, on weight copy ``i``, through a map of it as
+    ``prepare()`` writes it or, ``tiled``, of its tile-contiguous copy (tiled_weight.py)."""
     device = weights[0].device
-    kernel = stamped_gemm(gemm)(tactic.to_dict(), programmatic, address)
     code = cute.compile(kernel, *kernel_arguments(weights[0].dtype, torch.bfloat16),
                         options=f"--gpu-arch={architecture(device)}")
-    views = [matrix_view(w) for w in weights]
-    maps = [weight_map(w, kernel.tactic.weight_load_rows) for w in weights]  # as prepare() writes them
+    views = [matrix_view(w) for w in weights]  # the kernel reads only their extents
+    rows = kernel.tactic.weight_load_rows
+    sources = [tile_contiguous(w, rows) for w in weights] if tiled else weights
+    maps = [weight_map(source, rows) for source in sources]
     addresses = [cutlass.Int64(m.data_ptr()) for m in maps]
 
     def launch(i, x, out):
@@ -242,8 +247,27 @@ def stamped_projection(address, weights, tactic, programmatic, gemm=SplitKGemm):
     def warm_map(i):
         """Read copy ``i``'s weight map through L2 (a reduction kernel), so that its TMA finds it there."""
         maps[i].sum()
-    launch.keep, launch.warm_map = maps, warm_map
+    launch.keep, launch.warm_map = (maps, sources), warm_map
     return launch
+
+
+def layout_gemm(gemm, tactic, weight, tiled):
+    """``gemm``, or its subclass reading the tile-contiguous copy of ``weight`` where ``tiled`` (a ValueError says
+    why ``tactic`` cannot)."""
+    if not tiled:
+        return gemm
+    problems = tiling_problems(tactic, *weight.shape)
+    if problems:
+        raise ValueError(f"{tactic.label} cannot read a tile-contiguous weight: it needs {'; '.join(problems)}")
+    return tiled_weight_gemm(gemm, weight.shape[1])
+
+
+def stamped_projection(address, weights, tactic, programmatic, gemm=SplitKGemm, tiled=False):
+    """``launch(i, x, out)``: ``tactic`` compiled with stamps, on weight copy ``i``; ``gemm``: the kernel class
+    stamped (a changed copy's SplitKGemm of the same signature, say, which takes the tactic by field name);
+    ``tiled``: reading the tile-contiguous copy of each weight."""
+    gemm = layout_gemm(gemm, tactic, weights[0], tiled)
+    return projection_launch(stamped_gemm(gemm)(tactic.to_dict(), programmatic, address), weights, tiled)
 
 
 def replay_stamps(stamps, pair, copies=1, repeats=20, after=None):
@@ -313,10 +337,12 @@ def fmt(triple):
 def timelines(stamps, contexts, shapes=SHAPES[:3], batches=BATCHES, kernels=None):
     """Per shape, the read ceiling's stamped timeline in each context, then the projection's per batch, launch
     flag and context. ``contexts`` maps a name to (the glue before, the same glue after, stamping ``next_start``).
-    ``kernels`` maps a suffix of the results' keys to a SplitKGemm class: by default ours alone, with the weight
-    map warm in L2 as a variant; a changed copy's kernel next to ours is stamped in turn in each context."""
+    ``kernels`` maps a suffix of the results' keys to (a SplitKGemm class, whether it reads the tile-contiguous
+    weight): by default ours alone, with the weight map warm in L2 as a variant; a changed copy's kernel, or ours
+    on the tile-contiguous weight, next to ours is stamped in turn in each context (skipped, and said, where the
+    cell's tactic cannot read that weight)."""
     device = stamps.device
-    kernels = kernels or {"": SplitKGemm}
+    kernels = kernels or {"": (SplitKGemm, False)}
     comparing = len(kernels) > 1
     results = {}
     for n, k in shapes:
@@ -335,8 +361,11 @@ def timelines(stamps, contexts, shapes=SHAPES[:3], batches=BATCHES, kernels=None
             reference = x.double() @ weights[0].double().T
             for programmatic in (True, False):
                 launches = {}
-                for suffix, gemm in kernels.items():
-                    launch = stamped_projection(stamps.data_ptr(), weights, tactic, programmatic, gemm)
+                for suffix, (gemm, tiled) in kernels.items():
+                    if tiled and tiling_problems(tactic, n, k):
+                        print(f"{n}x{k} M={batch}{suffix}: skipped, {tactic.label} cannot read it", flush=True)
+                        continue
+                    launch = stamped_projection(stamps.data_ptr(), weights, tactic, programmatic, gemm, tiled)
                     out.fill_(float("nan"))
                     launch(0, x, out)
                     torch.cuda.synchronize()
@@ -405,13 +434,16 @@ def glue_durations(stamps, plain_glue):
     return results
 
 
-def context_times(plain_glue_torch, shapes=SHAPES, batches=BATCHES):
-    """Projection (PDL and plain), read ceiling and torch.matmul per shape and batch, chain and after glue."""
+def context_times(plain_glue_torch, shapes=SHAPES, batches=BATCHES, tiled=False):
+    """Projection (PDL and plain), read ceiling and torch.matmul per shape and batch, chain and after glue; with
+    ``tiled`` also the projection reading the tile-contiguous weight (float64-checked first), where it can."""
     device = torch.device("cuda")
     results = {}
     for n, k in shapes:
         copies = cold_copies(n * k * 2, device)
         weights = [torch.randn(n, k, device=device).to(torch.bfloat16) for _ in range(copies)]
+        policies, _ = resolve_policies(n, k, batches, gpu=gpu_spec(device), weight_dtype=torch.bfloat16,
+                                       output_dtype=torch.bfloat16)
         for batch in batches:
             x = torch.randn(batch, k, device=device).to(torch.bfloat16)
             outs = [torch.empty(batch, n, device=device, dtype=torch.bfloat16) for _ in range(copies)]
@@ -422,6 +454,17 @@ def context_times(plain_glue_torch, shapes=SHAPES, batches=BATCHES):
                                for w in weights]
                 launches[f"ours {'pdl' if programmatic else 'plain'}"] = \
                     lambda i, p=projections: p[i].run(x, outs[i])
+            tactic = policies[batch]
+            if tiled and not tiling_problems(tactic, n, k):
+                reference = Reference(x, weights[0], torch.bfloat16)
+                for programmatic in (True, False):
+                    name = f"ours tiled {'pdl' if programmatic else 'plain'}"
+                    gemm = layout_gemm(SplitKGemm, tactic, weights[0], tiled=True)
+                    launch = projection_launch(gemm(tactic, programmatic), weights, tiled=True)
+                    outs[0].fill_(float("nan"))
+                    launch(0, x, outs[0])
+                    reference.check(outs[0], label=f"{n}x{k} M={batch} {tactic.label} {name}")
+                    launches[name] = lambda i, launch=launch: launch(i, x, outs[i])
             for context, separator in (("chain", None), ("glue", plain_glue_torch)):
                 separators = None if separator is None else dict.fromkeys(launches, separator)
                 times = interleaved_time_us(launches, copies, separators=separators)
@@ -442,6 +485,9 @@ def main():
     parser.add_argument("--compare-package", metavar="NAME",
                         help="the timeline also stamps the kernel of a changed copy of the package importable as NAME "
                              "(its folder renamed), next to ours in each context")
+    parser.add_argument("--tiled-weight", action="store_true",
+                        help="the timeline and the times also run ours on a tile-contiguous copy of each weight "
+                             "(tiled_weight.py), where the cell's tactic can read one")
     args = parser.parse_args()
     device = torch.device("cuda")
     print(torch.cuda.get_device_name(device), flush=True)
@@ -471,10 +517,13 @@ def main():
         kernels = None
         if args.compare_package:
             theirs = importlib.import_module(f"{args.compare_package}.kernel.splitk").SplitKGemm
-            kernels = {"": SplitKGemm, f" {args.compare_package}": theirs}
+            kernels = {"": (SplitKGemm, False), f" {args.compare_package}": (theirs, False)}
+        if args.tiled_weight:
+            kernels = {**(kernels or {"": (SplitKGemm, False)}), " tile-contiguous": (SplitKGemm, True)}
         results["timeline"] = timelines(stamps, contexts, args.shape or SHAPES[:3], args.batches, kernels)
     if "times" in parts:
-        results["times"] = context_times(foreign_kernel(device), args.shape or SHAPES, args.batches)
+        results["times"] = context_times(foreign_kernel(device), args.shape or SHAPES, args.batches,
+                                         args.tiled_weight)
     if args.json:
         with open(args.json, "w") as file:
             json.dump(results, file, indent=1)

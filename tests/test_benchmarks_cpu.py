@@ -45,3 +45,39 @@ def test_every_probe_kernel_compiles_and_stamps():
     read = cute.compile(startup_probe.StampedRead(ADDRESS), fake_bytes(), cutlass.Int32(1), make_fake_stream(),
                         options="--gpu-arch=sm_90a")
     assert kernel_report(read).sass.count("GLOBALTIMER") >= 4
+
+
+def test_tile_contiguous_boxes_are_the_weights():
+    import tiled_weight
+
+    n, k, rows = 112, 320, 56
+    weight = torch.arange(n * k, dtype=torch.float32).reshape(n, k)
+    tiled = tiled_weight.tile_contiguous(weight, rows)
+    assert tiled.shape == (n * k // 64, 64) and tiled.is_contiguous()
+    for weight_row in range(0, n, rows):
+        for k_box in range(k // 64):
+            first = tiled_weight.box_row(weight_row, k_box, rows, k // 64)
+            box = weight[weight_row:weight_row + rows, k_box * 64:(k_box + 1) * 64]
+            assert torch.equal(tiled[first:first + rows], box), (weight_row, k_box)
+
+
+def test_tile_contiguous_reading_tactics():
+    import tiled_weight
+
+    assert tiled_weight.tiling_problems(SplitKTactic(128, 64, 1, 9), 7168, 768) == []
+    assert tiled_weight.tiling_problems(SplitKTactic(56, 64, 2, 7, k_boxes=2), 7168, 1536) == []
+    assert tiled_weight.tiling_problems(SplitKTactic(128, 64, 1, 9), 7168 + 64, 768)  # a partial tile
+    assert tiled_weight.tiling_problems(SplitKTactic(128, 64, 1, 9), 7168, 776)  # a partial box
+    assert tiled_weight.tiling_problems(SplitKTactic(16, 8, 1, 4, k_boxes=4, fold=4), 2112, 7168)
+    assert tiled_weight.tiling_problems(SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True), 7168, 768)
+
+
+@pytest.mark.slow
+def test_tile_contiguous_probe_kernel_compiles():
+    import tiled_weight
+
+    tactic = SplitKTactic(56, 64, 2, 7, k_boxes=2)
+    gemm = startup_probe.stamped_gemm(tiled_weight.tiled_weight_gemm(SplitKGemm, 1536))(tactic, False, ADDRESS)
+    report = kernel_report(cute.compile(gemm, *kernel_arguments(torch.bfloat16, torch.bfloat16),
+                                        options="--gpu-arch=sm_90a"))
+    assert report.sass.count("UTMALDG") >= 2 and report.local_bytes == 0

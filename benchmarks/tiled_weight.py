@@ -1,0 +1,68 @@
+"""A tile-contiguous weight layout for the start-up probe: does a stage whose bytes are contiguous land sooner?
+
+After a plain kernel each CTA's first stage lands only when most of its window has (docs/launch-contexts.md): a
+stage gathers one 128-byte box column from every row of its weight tile, and the next stages the following bytes
+of the same rows. Here the weight is copied so that each (tile rows x 64 columns) box is one contiguous block,
+tile after tile, K-major inside a tile:
+
+    tiled[(n // R) * K / 64 * R + (k // 64) * R + n % R, k % 64] = weight[n, k]      (R: the tile's rows)
+
+and read through an ordinary 2-D map of that [N * K / 64, 64] matrix with the same (64, R) box, so a stage's
+shared-memory image is the one the kernel reads today: only the producer's coordinates change. A probe, not the
+library's kernel: weight as A, unfolded, unshared weight tiles, N a multiple of the tile's rows, K of 64.
+"""
+
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass.experimental.primitives import nvvm_wrapper as nvvm
+
+from decode_projection.kernel.splitk import EVICT_FIRST
+from decode_projection.kernel.tactic import BOX_K
+
+
+def tiling_problems(tactic, n: int, k: int) -> list[str]:
+    """Why ``tactic`` on an ``n`` x ``k`` weight cannot read the tile-contiguous copy (empty when it can)."""
+    found = []
+    if tactic.weight_as_b or tactic.fold > 1 or tactic.weight_sharers > 1:
+        found.append("the weight as A, unfolded, each CTA loading its own weight tile")
+    if n % tactic.weight_load_rows:
+        found.append(f"N {n} a multiple of the tile's {tactic.weight_load_rows} rows")
+    if k % BOX_K:
+        found.append(f"K {k} a multiple of {BOX_K}")
+    return found
+
+
+def tile_contiguous(weight: torch.Tensor, rows: int) -> torch.Tensor:
+    """``weight`` [N, K] copied as the [N * K / 64, 64] matrix whose every ``rows`` x 64 box is contiguous."""
+    n, k = weight.shape
+    blocks = weight.reshape(n // rows, rows, k // BOX_K, BOX_K).permute(0, 2, 1, 3)
+    return blocks.contiguous().reshape(n * k // BOX_K, BOX_K)
+
+
+def box_row(weight_row, k_box, rows, boxes_per_row):
+    """The copy's first row of the box at weight row ``weight_row`` (a multiple of ``rows``) and box column ``k_box``
+    (of ``boxes_per_row``): tile weight_row / rows starts at row weight_row * boxes_per_row, its boxes ``rows``
+    apart. Python integers, or the kernel's."""
+    return weight_row * boxes_per_row + k_box * rows
+
+
+def tiled_weight_gemm(base, k: int):
+    """A subclass of SplitKGemm class ``base`` that loads its weight boxes from the tile-contiguous copy of a weight
+    of ``k`` columns, through a map of that copy with the kernel's usual box."""
+    k_boxes_per_row = k // BOX_K
+
+    class TiledWeightGemm(base):
+        @cute.jit
+        def load_weight(self, weight_tiles, state, descriptor, tiles, k_tile, fold_stride, weight_row, sharers_mask):
+            t = self.tactic
+            if nvvm.elect_sync():
+                for box in cutlass.range_constexpr(t.k_boxes):
+                    target = (weight_tiles + state.index * (t.weight_smem_rows * t.tile_k)
+                              + box * (t.weight_smem_rows * BOX_K))
+                    row = box_row(weight_row, k_tile * t.k_boxes + box, t.weight_load_rows, k_boxes_per_row)
+                    nvvm.cp_async_bulk_tensor_shared_cta_global(
+                        target, descriptor, [0, row], tiles.producer_get_barrier(state), l2_cache_hint=EVICT_FIRST,
+                    )
+
+    return TiledWeightGemm
