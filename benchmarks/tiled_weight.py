@@ -28,8 +28,9 @@ def tiling_problems(tactic, n: int, k: int) -> list[str]:
         found.append("the weight as A, unfolded, each CTA loading its own weight tile")
     if n % tactic.weight_load_rows:
         found.append(f"N {n} a multiple of the tile's {tactic.weight_load_rows} rows")
-    if k % BOX_K:
-        found.append(f"K {k} a multiple of {BOX_K}")
+    if k % tactic.tile_k:
+        # A last stage past K would read the next tile's boxes from the copy where the weight's map reads zeros.
+        found.append(f"K {k} a multiple of a stage's {tactic.tile_k} columns")
     return found
 
 
@@ -40,11 +41,11 @@ def tile_contiguous(weight: torch.Tensor, rows: int) -> torch.Tensor:
     return blocks.contiguous().reshape(n * k // BOX_K, BOX_K)
 
 
-def box_row(weight_row, k_box, rows, boxes_per_row):
-    """The copy's first row of the box at weight row ``weight_row`` (a multiple of ``rows``) and box column ``k_box``
-    (of ``boxes_per_row``): tile weight_row / rows starts at row weight_row * boxes_per_row, its boxes ``rows``
-    apart. Python integers, or the kernel's."""
-    return weight_row * boxes_per_row + k_box * rows
+def box_row(tactic, weight_row, k_tile, box, boxes_per_row):
+    """The copy's first row of box ``box`` of stage ``k_tile`` (a K tile of ``tactic.tile_k`` columns) of the weight
+    tile at row ``weight_row``, of a weight of ``boxes_per_row`` boxes along K: tile weight_row / R starts at row
+    weight_row * boxes_per_row, its boxes R rows apart. Python integers, or the kernel's."""
+    return weight_row * boxes_per_row + (k_tile * tactic.k_boxes + box) * tactic.weight_load_rows
 
 
 def tiled_weight_gemm(base, k: int):
@@ -60,7 +61,7 @@ def tiled_weight_gemm(base, k: int):
                 for box in cutlass.range_constexpr(t.k_boxes):
                     target = (weight_tiles + state.index * (t.weight_smem_rows * t.tile_k)
                               + box * (t.weight_smem_rows * BOX_K))
-                    row = box_row(weight_row, k_tile * t.k_boxes + box, t.weight_load_rows, k_boxes_per_row)
+                    row = box_row(t, weight_row, k_tile, box, k_boxes_per_row)
                     nvvm.cp_async_bulk_tensor_shared_cta_global(
                         target, descriptor, [0, row], tiles.producer_get_barrier(state), l2_cache_hint=EVICT_FIRST,
                     )

@@ -47,18 +47,32 @@ def test_every_probe_kernel_compiles_and_stamps():
     assert kernel_report(read).sass.count("GLOBALTIMER") >= 4
 
 
-def test_tile_contiguous_boxes_are_the_weights():
+
+@pytest.mark.parametrize("tactic", [
+    SplitKTactic(56, 32, 1, 4, k_boxes=2),  # a padded tile in 2-box stages
+    SplitKTactic(64, 8, 3, 6),  # split K: each rank's slice starts at its own K tile
+    SplitKTactic(64, 128, 1, 9, multicast=4, column_groups=2),  # activations shared, weight tiles not
+])
+def test_every_load_of_the_tile_contiguous_copy_is_its_weight_box(tactic):
     import tiled_weight
 
-    n, k, rows = 112, 320, 56
+    n, k = 448, 384
+    assert not tiled_weight.tiling_problems(tactic, n, k)
     weight = torch.arange(n * k, dtype=torch.float32).reshape(n, k)
-    tiled = tiled_weight.tile_contiguous(weight, rows)
-    assert tiled.shape == (n * k // 64, 64) and tiled.is_contiguous()
-    for weight_row in range(0, n, rows):
-        for k_box in range(k // 64):
-            first = tiled_weight.box_row(weight_row, k_box, rows, k // 64)
-            box = weight[weight_row:weight_row + rows, k_box * 64:(k_box + 1) * 64]
-            assert torch.equal(tiled[first:first + rows], box), (weight_row, k_box)
+    tiled = tiled_weight.tile_contiguous(weight, tactic.weight_load_rows)
+    rows = tactic.weight_load_rows
+    loads = 0
+    for tile in range(-(-n // tactic.weight_rows)):  # the kernel's weight tiles, each rank of its split
+        weight_row = tile * tactic.weight_rows
+        for rank in range(tactic.split):
+            first, stages, _ = tactic.k_slice(k, rank)
+            for k_tile in range(first, first + stages):
+                for box in range(tactic.k_boxes):
+                    row = tiled_weight.box_row(tactic, weight_row, k_tile, box, k // 64)
+                    column = (k_tile * tactic.k_boxes + box) * 64
+                    assert torch.equal(tiled[row:row + rows], weight[weight_row:weight_row + rows, column:column + 64])
+                    loads += 1
+    assert loads == n // rows * k // 64  # every box of the weight, once
 
 
 def test_tile_contiguous_reading_tactics():
@@ -68,6 +82,7 @@ def test_tile_contiguous_reading_tactics():
     assert tiled_weight.tiling_problems(SplitKTactic(56, 64, 2, 7, k_boxes=2), 7168, 1536) == []
     assert tiled_weight.tiling_problems(SplitKTactic(128, 64, 1, 9), 7168 + 64, 768)  # a partial tile
     assert tiled_weight.tiling_problems(SplitKTactic(128, 64, 1, 9), 7168, 776)  # a partial box
+    assert tiled_weight.tiling_problems(SplitKTactic(56, 32, 1, 4, k_boxes=2), 7168, 320)  # a partial stage
     assert tiled_weight.tiling_problems(SplitKTactic(16, 8, 1, 4, k_boxes=4, fold=4), 2112, 7168)
     assert tiled_weight.tiling_problems(SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True), 7168, 768)
 
@@ -77,7 +92,10 @@ def test_tile_contiguous_probe_kernel_compiles():
     import tiled_weight
 
     tactic = SplitKTactic(56, 64, 2, 7, k_boxes=2)
-    gemm = startup_probe.stamped_gemm(tiled_weight.tiled_weight_gemm(SplitKGemm, 1536))(tactic, False, ADDRESS)
-    report = kernel_report(cute.compile(gemm, *kernel_arguments(torch.bfloat16, torch.bfloat16),
-                                        options="--gpu-arch=sm_90a"))
-    assert report.sass.count("UTMALDG") >= 2 and report.local_bytes == 0
+    arguments = kernel_arguments(torch.bfloat16, torch.bfloat16)
+    reports = [kernel_report(cute.compile(startup_probe.stamped_gemm(gemm)(tactic, False, ADDRESS), *arguments,
+                                          options="--gpu-arch=sm_90a"))
+               for gemm in (SplitKGemm, tiled_weight.tiled_weight_gemm(SplitKGemm, 1536))]
+    ours, tiled = reports
+    assert tiled.sass.count("UTMALDG") == ours.sass.count("UTMALDG") >= 2 and tiled.local_bytes == 0
+    assert tiled.sass != ours.sass  # the override's coordinates, not the base class's
