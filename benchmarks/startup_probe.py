@@ -229,16 +229,22 @@ def stamped_read(address, weights):
     return lambda i: code(views[i], ctas, current_stream(device))
 
 
-def projection_launch(kernel, weights, tiled=False):
+def tiled_copies(weights, rows, made):
+    """The tile-contiguous copies of ``weights`` for tiles of ``rows`` rows, made once per ``made`` dict."""
+    if rows not in made:
+        made[rows] = [tile_contiguous(w, rows) for w in weights]
+    return made[rows]
+
+
+def projection_launch(kernel, weights, sources=None):
     """``launch(i, x, out)``: ``kernel`` (a SplitKGemm) compiled, on weight copy ``i``, through a map of it as
-    ``prepare()`` writes it or, ``tiled``, of its tile-contiguous copy (tiled_weight.py)."""
+    ``prepare()`` writes it or of ``sources[i]`` (its tile-contiguous copy, tiled_weight.py)."""
     device = weights[0].device
     code = cute.compile(kernel, *kernel_arguments(weights[0].dtype, torch.bfloat16),
                         options=f"--gpu-arch={architecture(device)}")
     views = [matrix_view(w) for w in weights]  # the kernel reads only their extents
-    rows = kernel.tactic.weight_load_rows
-    sources = [tile_contiguous(w, rows) for w in weights] if tiled else weights
-    maps = [weight_map(source, rows) for source in sources]
+    sources = sources or weights
+    maps = [weight_map(source, kernel.tactic.weight_load_rows) for source in sources]
     addresses = [cutlass.Int64(m.data_ptr()) for m in maps]
 
     def launch(i, x, out):
@@ -262,12 +268,13 @@ def layout_gemm(gemm, tactic, weight, tiled):
     return tiled_weight_gemm(gemm, weight.shape[1])
 
 
-def stamped_projection(address, weights, tactic, programmatic, gemm=SplitKGemm, tiled=False):
+def stamped_projection(address, weights, tactic, programmatic, gemm=SplitKGemm, tiled=None):
     """``launch(i, x, out)``: ``tactic`` compiled with stamps, on weight copy ``i``; ``gemm``: the kernel class
     stamped (a changed copy's SplitKGemm of the same signature, say, which takes the tactic by field name);
-    ``tiled``: reading the tile-contiguous copy of each weight."""
-    gemm = layout_gemm(gemm, tactic, weights[0], tiled)
-    return projection_launch(stamped_gemm(gemm)(tactic.to_dict(), programmatic, address), weights, tiled)
+    ``tiled``: a dict of tile-contiguous copies (tiled_copies) to read them instead of the weights."""
+    gemm = layout_gemm(gemm, tactic, weights[0], tiled is not None)
+    sources = None if tiled is None else tiled_copies(weights, tactic.weight_load_rows, tiled)
+    return projection_launch(stamped_gemm(gemm)(tactic.to_dict(), programmatic, address), weights, sources)
 
 
 def replay_stamps(stamps, pair, copies=1, repeats=20, after=None):
@@ -350,6 +357,7 @@ def timelines(stamps, contexts, shapes=SHAPES[:3], batches=BATCHES, kernels=None
         policies, _ = resolve_policies(n, k, batches, gpu=gpu_spec(device), weight_dtype=torch.bfloat16,
                                        output_dtype=torch.bfloat16)
         read = stamped_read(stamps.data_ptr(), weights)
+        tiled_made = {}  # tile-contiguous copies per tile height, made once per shape
         for before, (glue, trailing) in contexts.items():
             key = f"{n}x{k} read ceiling after {before}"
             results[key] = replay_stamps(stamps, lambda i: (glue(), read(i)), len(weights), after=trailing)
@@ -365,7 +373,8 @@ def timelines(stamps, contexts, shapes=SHAPES[:3], batches=BATCHES, kernels=None
                     if tiled and tiling_problems(tactic, n, k):
                         print(f"{n}x{k} M={batch}{suffix}: skipped, {tactic.label} cannot read it", flush=True)
                         continue
-                    launch = stamped_projection(stamps.data_ptr(), weights, tactic, programmatic, gemm, tiled)
+                    launch = stamped_projection(stamps.data_ptr(), weights, tactic, programmatic, gemm,
+                                                tiled_made if tiled else None)
                     out.fill_(float("nan"))
                     launch(0, x, out)
                     torch.cuda.synchronize()
@@ -444,6 +453,7 @@ def context_times(plain_glue_torch, shapes=SHAPES, batches=BATCHES, tiled=False)
         weights = [torch.randn(n, k, device=device).to(torch.bfloat16) for _ in range(copies)]
         policies, _ = resolve_policies(n, k, batches, gpu=gpu_spec(device), weight_dtype=torch.bfloat16,
                                        output_dtype=torch.bfloat16)
+        tiled_made = {}  # tile-contiguous copies per tile height, made once per shape
         for batch in batches:
             x = torch.randn(batch, k, device=device).to(torch.bfloat16)
             outs = [torch.empty(batch, n, device=device, dtype=torch.bfloat16) for _ in range(copies)]
@@ -457,10 +467,11 @@ def context_times(plain_glue_torch, shapes=SHAPES, batches=BATCHES, tiled=False)
             tactic = policies[batch]
             if tiled and not tiling_problems(tactic, n, k):
                 reference = Reference(x, weights[0], torch.bfloat16)
+                gemm = layout_gemm(SplitKGemm, tactic, weights[0], tiled=True)
+                sources = tiled_copies(weights, tactic.weight_load_rows, tiled_made)
                 for programmatic in (True, False):
                     name = f"ours tiled {'pdl' if programmatic else 'plain'}"
-                    gemm = layout_gemm(SplitKGemm, tactic, weights[0], tiled=True)
-                    launch = projection_launch(gemm(tactic, programmatic), weights, tiled=True)
+                    launch = projection_launch(gemm(tactic, programmatic), weights, sources)
                     outs[0].fill_(float("nan"))
                     launch(0, x, outs[0])
                     reference.check(outs[0], label=f"{n}x{k} M={batch} {tactic.label} {name}")

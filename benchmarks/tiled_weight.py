@@ -9,7 +9,8 @@ tile after tile, K-major inside a tile:
 
 and read through an ordinary 2-D map of that [N * K / 64, 64] matrix with the same (64, R) box, so a stage's
 shared-memory image is the one the kernel reads today: only the producer's coordinates change. A probe, not the
-library's kernel: weight as A, unfolded, unshared weight tiles, N a multiple of the tile's rows, K of 64.
+library's kernel: weight as A, unfolded, unshared weight tiles, N a multiple of the tile's rows, K of a stage's
+columns (``tiling_problems``).
 """
 
 import cutlass
