@@ -13,7 +13,8 @@ on a Hopper GPU, what the projection pays there and why:
    PyTorch's ``add_``; and the read ceiling's kernel stamped the same way (entry, its first and last chunk
    landed, exit), to set our streaming and tail beside a kernel that only reads. ``--compare-package NAME``
    stamps a changed copy's kernel next to ours; ``--tiled-weight`` ours reading a copy of the weight whose
-   every weight box is contiguous (tiled_weight.py), in the timeline and the times.
+   every weight box is contiguous (tiled_weight.py), in the timeline and the times; ``--bulk-weight`` the same
+   copy pre-swizzled and loaded by 1-D bulk copies, as the read ceiling loads, without a tensor map.
 3. ``times``: the projection, the read ceiling and torch.matmul in the three launch contexts.
 
     python benchmarks/startup_probe.py --json startup.json
@@ -46,7 +47,7 @@ from decode_projection.policy.policies import resolve_policies
 from decode_projection.projection import PreparedProjection, kernel_arguments, matrix_view, weight_map
 from decode_projection.runtime import architecture, current_stream, to_cute
 from decode_projection.runtime.gpu import gpu_spec
-from tiled_weight import tile_contiguous, tiled_weight_gemm, tiling_problems
+from tiled_weight import layout_copy, tiled_weight_gemm, tiling_problems
 
 EVENTS = ("glue_end", "entry", "first_weight_tma", "producer_waited", "consumer_start", "first_stage_full",
           "epilogue", "exit", "next_start", "glue_start")
@@ -57,6 +58,8 @@ SLOTS = 4096  # CTAs stamped per event
 GLUE_ELEMENTS = 4096  # what the benchmark's glue kernel touches (timing.foreign_kernel)
 SHAPES = ((7168, 768), (7168, 1536), (2112, 7168), (20480, 7168))  # times; the timeline stamps the first three
 BATCHES = (1, 64)
+LAYOUT_NAMES = {"tiles": "tiled", "bulk": "bulk"}  # in the times' keys: "ours tiled pdl", "ours bulk plain"
+LAYOUT_SUFFIXES = {"tiles": "tile-contiguous", "bulk": "bulk-copied"}  # in the timelines' keys
 
 
 def stamp_pointer(address, event):
@@ -229,23 +232,25 @@ def stamped_read(address, weights):
     return lambda i: code(views[i], ctas, current_stream(device))
 
 
-def tiled_copies(weights, rows, made):
-    """The tile-contiguous copies of ``weights`` for tiles of ``rows`` rows, made once per ``made`` dict."""
-    if rows not in made:
-        made[rows] = [tile_contiguous(w, rows) for w in weights]
-    return made[rows]
+def layout_copies(weights, rows, layout, made):
+    """The ``layout`` copies (tiled_weight.layout_copy) of ``weights`` for tiles of ``rows`` rows, made once per
+    ``made`` dict."""
+    if (layout, rows) not in made:
+        made[layout, rows] = [layout_copy(w, rows, layout) for w in weights]
+    return made[layout, rows]
 
 
-def projection_launch(kernel, weights, sources=None):
+def projection_launch(kernel, weights, sources=None, layout=None):
     """``launch(i, x, out)``: ``kernel`` (a SplitKGemm) compiled, on weight copy ``i``, through a map of it as
-    ``prepare()`` writes it or of ``sources[i]`` (its tile-contiguous copy, tiled_weight.py)."""
+    ``prepare()`` writes it or of ``sources[i]`` (its ``layout`` copy, tiled_weight.py; the ``bulk`` layout's
+    kernel takes the copy's address where the others take a map's)."""
     device = weights[0].device
     code = cute.compile(kernel, *kernel_arguments(weights[0].dtype, torch.bfloat16),
                         options=f"--gpu-arch={architecture(device)}")
     views = [matrix_view(w) for w in weights]  # the kernel reads only their extents
     sources = sources or weights
-    maps = [weight_map(source, kernel.tactic.weight_load_rows) for source in sources]
-    addresses = [cutlass.Int64(m.data_ptr()) for m in maps]
+    maps = [] if layout == "bulk" else [weight_map(source, kernel.tactic.weight_load_rows) for source in sources]
+    addresses = [cutlass.Int64(m.data_ptr()) for m in maps or sources]
 
     def launch(i, x, out):
         code(views[i], matrix_view(x), matrix_view(out, output=True), addresses[i], current_stream(device))
@@ -257,24 +262,24 @@ def projection_launch(kernel, weights, sources=None):
     return launch
 
 
-def layout_gemm(gemm, tactic, weight, tiled):
-    """``gemm``, or its subclass reading the tile-contiguous copy of ``weight`` where ``tiled`` (a ValueError says
+def layout_gemm(gemm, tactic, weight, layout):
+    """``gemm``, or its subclass reading the ``layout`` copy of ``weight`` (tiled_weight.LAYOUTS; a ValueError says
     why ``tactic`` cannot)."""
-    if not tiled:
+    if layout is None:
         return gemm
     problems = tiling_problems(tactic, *weight.shape)
     if problems:
         raise ValueError(f"{tactic.label} cannot read a tile-contiguous weight: it needs {'; '.join(problems)}")
-    return tiled_weight_gemm(gemm, weight.shape[1])
+    return tiled_weight_gemm(gemm, weight.shape[1], layout)
 
 
-def stamped_projection(address, weights, tactic, programmatic, gemm=SplitKGemm, tiled=None):
+def stamped_projection(address, weights, tactic, programmatic, gemm=SplitKGemm, layout=None, made=None):
     """``launch(i, x, out)``: ``tactic`` compiled with stamps, on weight copy ``i``; ``gemm``: the kernel class
     stamped (a changed copy's SplitKGemm of the same signature, say, which takes the tactic by field name);
-    ``tiled``: a dict of tile-contiguous copies (tiled_copies) to read them instead of the weights."""
-    gemm = layout_gemm(gemm, tactic, weights[0], tiled is not None)
-    sources = None if tiled is None else tiled_copies(weights, tactic.weight_load_rows, tiled)
-    return projection_launch(stamped_gemm(gemm)(tactic.to_dict(), programmatic, address), weights, sources)
+    ``layout``: read the weights' copies of that layout (made once per ``made`` dict) instead."""
+    gemm = layout_gemm(gemm, tactic, weights[0], layout)
+    sources = None if layout is None else layout_copies(weights, tactic.weight_load_rows, layout, made)
+    return projection_launch(stamped_gemm(gemm)(tactic.to_dict(), programmatic, address), weights, sources, layout)
 
 
 def replay_stamps(stamps, pair, copies=1, repeats=20, after=None):
@@ -344,12 +349,12 @@ def fmt(triple):
 def timelines(stamps, contexts, shapes=SHAPES[:3], batches=BATCHES, kernels=None):
     """Per shape, the read ceiling's stamped timeline in each context, then the projection's per batch, launch
     flag and context. ``contexts`` maps a name to (the glue before, the same glue after, stamping ``next_start``).
-    ``kernels`` maps a suffix of the results' keys to (a SplitKGemm class, whether it reads the tile-contiguous
-    weight): by default ours alone, with the weight map warm in L2 as a variant; a changed copy's kernel, or ours
-    on the tile-contiguous weight, next to ours is stamped in turn in each context (skipped, and said, where the
-    cell's tactic cannot read that weight)."""
+    ``kernels`` maps a suffix of the results' keys to (a SplitKGemm class, the weight layout it reads: None, or
+    one of tiled_weight.LAYOUTS): by default ours alone, with the weight map warm in L2 as a variant; a changed
+    copy's kernel, or ours on a tile-contiguous weight, next to ours is stamped in turn in each context (skipped,
+    and said, where the cell's tactic cannot read that weight)."""
     device = stamps.device
-    kernels = kernels or {"": (SplitKGemm, False)}
+    kernels = kernels or {"": (SplitKGemm, None)}
     comparing = len(kernels) > 1
     results = {}
     for n, k in shapes:
@@ -357,7 +362,7 @@ def timelines(stamps, contexts, shapes=SHAPES[:3], batches=BATCHES, kernels=None
         policies, _ = resolve_policies(n, k, batches, gpu=gpu_spec(device), weight_dtype=torch.bfloat16,
                                        output_dtype=torch.bfloat16)
         read = stamped_read(stamps.data_ptr(), weights)
-        tiled_made = {}  # tile-contiguous copies per tile height, made once per shape
+        made = {}  # tile-contiguous copies per layout and tile height, made once per shape
         for before, (glue, trailing) in contexts.items():
             key = f"{n}x{k} read ceiling after {before}"
             results[key] = replay_stamps(stamps, lambda i: (glue(), read(i)), len(weights), after=trailing)
@@ -369,12 +374,11 @@ def timelines(stamps, contexts, shapes=SHAPES[:3], batches=BATCHES, kernels=None
             reference = x.double() @ weights[0].double().T
             for programmatic in (True, False):
                 launches = {}
-                for suffix, (gemm, tiled) in kernels.items():
-                    if tiled and tiling_problems(tactic, n, k):
+                for suffix, (gemm, layout) in kernels.items():
+                    if layout and tiling_problems(tactic, n, k):
                         print(f"{n}x{k} M={batch}{suffix}: skipped, {tactic.label} cannot read it", flush=True)
                         continue
-                    launch = stamped_projection(stamps.data_ptr(), weights, tactic, programmatic, gemm,
-                                                tiled_made if tiled else None)
+                    launch = stamped_projection(stamps.data_ptr(), weights, tactic, programmatic, gemm, layout, made)
                     out.fill_(float("nan"))
                     launch(0, x, out)
                     torch.cuda.synchronize()
@@ -443,9 +447,10 @@ def glue_durations(stamps, plain_glue):
     return results
 
 
-def context_times(plain_glue_torch, shapes=SHAPES, batches=BATCHES, tiled=False):
-    """Projection (PDL and plain), read ceiling and torch.matmul per shape and batch, chain and after glue; with
-    ``tiled`` also the projection reading the tile-contiguous weight (float64-checked first), where it can."""
+def context_times(plain_glue_torch, shapes=SHAPES, batches=BATCHES, layouts=()):
+    """Projection (PDL and plain), read ceiling and torch.matmul per shape and batch, chain and after glue; for
+    each of ``layouts`` (tiled_weight.LAYOUTS) also the projection reading that copy of the weight (float64-checked
+    first), where it can."""
     device = torch.device("cuda")
     results = {}
     for n, k in shapes:
@@ -453,7 +458,7 @@ def context_times(plain_glue_torch, shapes=SHAPES, batches=BATCHES, tiled=False)
         weights = [torch.randn(n, k, device=device).to(torch.bfloat16) for _ in range(copies)]
         policies, _ = resolve_policies(n, k, batches, gpu=gpu_spec(device), weight_dtype=torch.bfloat16,
                                        output_dtype=torch.bfloat16)
-        tiled_made = {}  # tile-contiguous copies per tile height, made once per shape
+        made = {}  # tile-contiguous copies per layout and tile height, made once per shape
         for batch in batches:
             x = torch.randn(batch, k, device=device).to(torch.bfloat16)
             outs = [torch.empty(batch, n, device=device, dtype=torch.bfloat16) for _ in range(copies)]
@@ -465,13 +470,13 @@ def context_times(plain_glue_torch, shapes=SHAPES, batches=BATCHES, tiled=False)
                 launches[f"ours {'pdl' if programmatic else 'plain'}"] = \
                     lambda i, p=projections: p[i].run(x, outs[i])
             tactic = policies[batch]
-            if tiled and not tiling_problems(tactic, n, k):
+            for layout in layouts if not tiling_problems(tactic, n, k) else ():
                 reference = Reference(x, weights[0], torch.bfloat16)
-                gemm = layout_gemm(SplitKGemm, tactic, weights[0], tiled=True)
-                sources = tiled_copies(weights, tactic.weight_load_rows, tiled_made)
+                gemm = layout_gemm(SplitKGemm, tactic, weights[0], layout)
+                sources = layout_copies(weights, tactic.weight_load_rows, layout, made)
                 for programmatic in (True, False):
-                    name = f"ours tiled {'pdl' if programmatic else 'plain'}"
-                    launch = projection_launch(gemm(tactic, programmatic), weights, sources)
+                    name = f"ours {LAYOUT_NAMES[layout]} {'pdl' if programmatic else 'plain'}"
+                    launch = projection_launch(gemm(tactic, programmatic), weights, sources, layout)
                     outs[0].fill_(float("nan"))
                     launch(0, x, outs[0])
                     reference.check(outs[0], label=f"{n}x{k} M={batch} {tactic.label} {name}")
@@ -499,6 +504,9 @@ def main():
     parser.add_argument("--tiled-weight", action="store_true",
                         help="the timeline and the times also run ours on a tile-contiguous copy of each weight "
                              "(tiled_weight.py), where the cell's tactic can read one")
+    parser.add_argument("--bulk-weight", action="store_true",
+                        help="the same, loading each box of a pre-swizzled tile-contiguous copy with one 1-D bulk "
+                             "copy, no tensor map (tiled_weight.py's bulk layout)")
     args = parser.parse_args()
     device = torch.device("cuda")
     print(torch.cuda.get_device_name(device), flush=True)
@@ -516,6 +524,7 @@ def main():
     ctas = torch.cuda.get_device_properties(device).multi_processor_count
     results = {"gpu": torch.cuda.get_device_name(device)}
     parts = args.parts.split(",")
+    layouts = [layout for layout, wanted in (("tiles", args.tiled_weight), ("bulk", args.bulk_weight)) if wanted]
     if "launch" in parts:
         results["launch"] = launch_probes(stamps, plain_glue, ctas)
     if "glue" in parts:
@@ -525,16 +534,16 @@ def main():
         torch_glue = foreign_kernel(device)
         contexts = {"glue": (plain_glue, glue(False, True)), "pdl-glue": (glue(True), glue(True, True)),
                     "glue, then PyTorch's add_": (lambda: (plain_glue(), torch_glue()), glue(False, True))}
-        kernels = None
+        kernels = {"": (SplitKGemm, None)}
         if args.compare_package:
             theirs = importlib.import_module(f"{args.compare_package}.kernel.splitk").SplitKGemm
-            kernels = {"": (SplitKGemm, False), f" {args.compare_package}": (theirs, False)}
-        if args.tiled_weight:
-            kernels = {**(kernels or {"": (SplitKGemm, False)}), " tile-contiguous": (SplitKGemm, True)}
-        results["timeline"] = timelines(stamps, contexts, args.shape or SHAPES[:3], args.batches, kernels)
+            kernels[f" {args.compare_package}"] = (theirs, None)
+        for layout in layouts:
+            kernels[f" {LAYOUT_SUFFIXES[layout]}"] = (SplitKGemm, layout)
+        results["timeline"] = timelines(stamps, contexts, args.shape or SHAPES[:3], args.batches,
+                                        kernels if len(kernels) > 1 else None)
     if "times" in parts:
-        results["times"] = context_times(foreign_kernel(device), args.shape or SHAPES, args.batches,
-                                         args.tiled_weight)
+        results["times"] = context_times(foreign_kernel(device), args.shape or SHAPES, args.batches, layouts)
     if args.json:
         with open(args.json, "w") as file:
             json.dump(results, file, indent=1)

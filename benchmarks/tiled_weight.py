@@ -11,6 +11,11 @@ and read through an ordinary 2-D map of that [N * K / 64, 64] matrix with the sa
 shared-memory image is the one the kernel reads today: only the producer's coordinates change. A probe, not the
 library's kernel: weight as A, unfolded, unshared weight tiles, N a multiple of the tile's rows, K of a stage's
 columns (``tiling_problems``).
+
+Layouts (``LAYOUTS``): ``tiles`` loads each box of that copy by TMA through a tensor map, as the kernel does;
+``bulk`` loads it with one 1-D bulk copy (``cp.async.bulk``, no tensor map, as the read ceiling does) from a copy
+whose 16-byte chunks are stored in the order the 128-byte swizzle puts them in shared memory (``pre_swizzled``),
+so the stage's image is again the kernel's.
 """
 
 import cutlass
@@ -20,6 +25,11 @@ from cutlass.experimental.primitives import nvvm_wrapper as nvvm
 
 from decode_projection.kernel.splitk import EVICT_FIRST
 from decode_projection.kernel.tactic import BOX_K
+
+LAYOUTS = ("tiles", "bulk")
+ROW_BYTES = 128  # one row of a 64-column box of a 2-byte weight: the span the 128-byte swizzle permutes
+SWIZZLE_ROWS = 8  # the swizzle moves 16-byte chunk c of shared-memory row r to c ^ (r % 8)
+CHUNKS_PER_ROW = ROW_BYTES // 16
 
 
 def tiling_problems(tactic, n: int, k: int) -> list[str]:
@@ -42,6 +52,26 @@ def tile_contiguous(weight: torch.Tensor, rows: int) -> torch.Tensor:
     return blocks.contiguous().reshape(n * k // BOX_K, BOX_K)
 
 
+def pre_swizzled(tiled: torch.Tensor) -> torch.Tensor:
+    """``tiled`` (a tile-contiguous copy, [rows, 64] of a 2-byte type) with each row's 16-byte chunks where the
+    128-byte swizzle stores them: chunk c of row r at c ^ (r % 8). A box starts at a multiple of its tile's rows
+    (every legal height a multiple of 8) and lands at a 1024-byte aligned shared-memory tile, so its rows' swizzle
+    phases are their indices here modulo 8."""
+    rows = tiled.shape[0]
+    chunks = tiled.reshape(rows, CHUNKS_PER_ROW, -1)
+    phase = torch.arange(rows, device=tiled.device) % SWIZZLE_ROWS
+    places = torch.arange(CHUNKS_PER_ROW, device=tiled.device)[None, :] ^ phase[:, None]
+    stored = torch.empty_like(chunks)
+    stored.scatter_(1, places[:, :, None].expand_as(chunks), chunks)
+    return stored.reshape(rows, -1)
+
+
+def layout_copy(weight: torch.Tensor, rows: int, layout: str) -> torch.Tensor:
+    """The copy of ``weight`` that ``layout`` (one of LAYOUTS) reads, for tiles of ``rows`` rows."""
+    tiled = tile_contiguous(weight, rows)
+    return pre_swizzled(tiled) if layout == "bulk" else tiled
+
+
 def box_row(tactic, weight_row, k_tile, box, boxes_per_row):
     """The copy's first row of box ``box`` of stage ``k_tile`` (a K tile of ``tactic.tile_k`` columns) of the weight
     tile at row ``weight_row``, of a weight of ``boxes_per_row`` boxes along K: tile weight_row / R starts at row
@@ -49,10 +79,15 @@ def box_row(tactic, weight_row, k_tile, box, boxes_per_row):
     return weight_row * boxes_per_row + (k_tile * tactic.k_boxes + box) * tactic.weight_load_rows
 
 
-def tiled_weight_gemm(base, k: int):
-    """A subclass of SplitKGemm class ``base`` that loads its weight boxes from the tile-contiguous copy of a weight
-    of ``k`` columns, through a map of that copy with the kernel's usual box."""
+def tiled_weight_gemm(base, k: int, layout: str = "tiles"):
+    """A subclass of SplitKGemm class ``base`` that loads its weight boxes from the ``layout`` copy of a weight of
+    ``k`` columns (layout_copy): through a map of that copy with the kernel's usual box, or for ``bulk`` with 1-D
+    bulk copies from the copy's address, passed where the kernel takes its weight map's."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"weight layout {layout!r} is not one of {LAYOUTS}")
     k_boxes_per_row = k // BOX_K
+    if layout == "bulk":
+        return bulk_weight_gemm(base, k_boxes_per_row)
 
     class TiledWeightGemm(base):
         @cute.jit
@@ -68,3 +103,31 @@ def tiled_weight_gemm(base, k: int):
                     )
 
     return TiledWeightGemm
+
+
+def bulk_weight_gemm(base, k_boxes_per_row: int):
+    """``tiled_weight_gemm``'s ``bulk`` layout: each box one ``cp.async.bulk`` of its rows x 128 bytes."""
+
+    class BulkWeightGemm(base):
+        @staticmethod
+        def weight_descriptor(weight_map):
+            """Here the pre-swizzled copy's address: no tensor map."""
+            return cute.make_ptr(cutlass.Uint8, weight_map, cute.AddressSpace.gmem, assumed_align=16)
+
+        def prefetch_weight_map(self, weight_map):
+            """No tensor map to acquire or prefetch."""
+
+        @cute.jit
+        def load_weight(self, weight_tiles, state, source, tiles, k_tile, fold_stride, weight_row, sharers_mask):
+            t = self.tactic
+            if nvvm.elect_sync():
+                for box in cutlass.range_constexpr(t.k_boxes):
+                    target = (weight_tiles + state.index * (t.weight_smem_rows * t.tile_k)
+                              + box * (t.weight_smem_rows * BOX_K))
+                    row = box_row(t, weight_row, k_tile, box, k_boxes_per_row)
+                    nvvm.cp_async_bulk_shared_cluster_global(
+                        target, source + row * ROW_BYTES, tiles.producer_get_barrier(state),
+                        t.weight_load_rows * ROW_BYTES, l2_cache_hint=EVICT_FIRST,
+                    )
+
+    return BulkWeightGemm

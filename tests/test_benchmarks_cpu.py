@@ -87,6 +87,26 @@ def test_tile_contiguous_reading_tactics():
     assert tiled_weight.tiling_problems(SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True), 7168, 768)
 
 
+def test_a_pre_swizzled_box_is_the_image_a_swizzled_tma_load_writes():
+    import tiled_weight
+
+    rows, k = 56, 256
+    weight = torch.randn(2 * rows, k).to(torch.bfloat16)
+    stored = tiled_weight.layout_copy(weight, rows, "bulk")
+    tiled = tiled_weight.tile_contiguous(weight, rows)
+    element_bytes = weight.element_size()
+    for first in range(0, stored.shape[0], rows):  # every box
+        image = stored[first:first + rows].contiguous().view(torch.uint8).reshape(-1)  # a 1-D copy's bytes
+        box = tiled[first:first + rows].contiguous().view(torch.uint8).reshape(-1)
+        for row in range(rows):
+            for byte in range(0, 128, 16):
+                # SWIZZLE_128B: byte address bits [4, 7) XOR bits [7, 10) of a 1024-byte aligned tile.
+                offset = row * 128 + byte
+                swizzled = offset ^ (((offset >> 7) & 7) << 4)
+                assert torch.equal(image[swizzled:swizzled + 16], box[offset:offset + 16]), (first, row, byte)
+    assert element_bytes == 2 and not torch.equal(stored, tiled)
+
+
 @pytest.mark.slow
 def test_tile_contiguous_probe_kernel_compiles():
     import tiled_weight
@@ -99,3 +119,17 @@ def test_tile_contiguous_probe_kernel_compiles():
     ours, tiled = reports
     assert tiled.sass.count("UTMALDG") == ours.sass.count("UTMALDG") >= 2 and tiled.local_bytes == 0
     assert tiled.sass != ours.sass  # the override's coordinates, not the base class's
+
+
+@pytest.mark.slow
+def test_bulk_copy_probe_kernel_loads_the_weight_without_a_tensor_map():
+    import tiled_weight
+
+    tactic = SplitKTactic(56, 64, 2, 7, k_boxes=2)
+    arguments = kernel_arguments(torch.bfloat16, torch.bfloat16)
+    ours, bulk = [kernel_report(cute.compile(startup_probe.stamped_gemm(gemm)(tactic, False, ADDRESS), *arguments,
+                                             options="--gpu-arch=sm_90a"))
+                  for gemm in (SplitKGemm, tiled_weight.tiled_weight_gemm(SplitKGemm, 1536, "bulk"))]
+    # The activations keep their tensor map: one TMA load per activation box, where ours has the weight's too.
+    assert 1 <= bulk.sass.count("UTMALDG") < ours.sass.count("UTMALDG")
+    assert bulk.sass.count("UBLKCP") >= tactic.k_boxes and "UBLKCP" not in ours.sass and bulk.local_bytes == 0
