@@ -81,13 +81,13 @@ def box_row(tactic, weight_row, k_tile, box, boxes_per_row):
 
 def tiled_weight_gemm(base, k: int, layout: str = "tiles"):
     """A subclass of SplitKGemm class ``base`` that loads its weight boxes from the ``layout`` copy of a weight of
-    ``k`` columns (layout_copy): through a map of that copy with the kernel's usual box, or for ``bulk`` with 1-D
-    bulk copies from the copy's address, passed where the kernel takes its weight map's."""
+    ``k`` columns (layout_copy): through a map of that copy with the kernel's usual box, or for ``bulk`` each box
+    with one 1-D bulk copy of its rows x 128 bytes from the copy's address, passed where the kernel takes its
+    weight map's."""
     if layout not in LAYOUTS:
         raise ValueError(f"weight layout {layout!r} is not one of {LAYOUTS}")
     k_boxes_per_row = k // BOX_K
-    if layout == "bulk":
-        return bulk_weight_gemm(base, k_boxes_per_row)
+    bulk = layout == "bulk"
 
     class TiledWeightGemm(base):
         @cute.jit
@@ -98,17 +98,21 @@ def tiled_weight_gemm(base, k: int, layout: str = "tiles"):
                     target = (weight_tiles + state.index * (t.weight_smem_rows * t.tile_k)
                               + box * (t.weight_smem_rows * BOX_K))
                     row = box_row(t, weight_row, k_tile, box, k_boxes_per_row)
-                    nvvm.cp_async_bulk_tensor_shared_cta_global(
-                        target, descriptor, [0, row], tiles.producer_get_barrier(state), l2_cache_hint=EVICT_FIRST,
-                    )
+                    barrier = tiles.producer_get_barrier(state)
+                    if cutlass.const_expr(bulk):
+                        nvvm.cp_async_bulk_shared_cluster_global(
+                            target, descriptor + row * ROW_BYTES, barrier, t.weight_load_rows * ROW_BYTES,
+                            l2_cache_hint=EVICT_FIRST,
+                        )
+                    else:
+                        nvvm.cp_async_bulk_tensor_shared_cta_global(
+                            target, descriptor, [0, row], barrier, l2_cache_hint=EVICT_FIRST,
+                        )
 
-    return TiledWeightGemm
+    if not bulk:
+        return TiledWeightGemm
 
-
-def bulk_weight_gemm(base, k_boxes_per_row: int):
-    """``tiled_weight_gemm``'s ``bulk`` layout: each box one ``cp.async.bulk`` of its rows x 128 bytes."""
-
-    class BulkWeightGemm(base):
+    class BulkWeightGemm(TiledWeightGemm):
         @staticmethod
         def weight_descriptor(weight_map):
             """Here the pre-swizzled copy's address: no tensor map."""
@@ -116,18 +120,5 @@ def bulk_weight_gemm(base, k_boxes_per_row: int):
 
         def prefetch_weight_map(self, weight_map):
             """No tensor map to acquire or prefetch."""
-
-        @cute.jit
-        def load_weight(self, weight_tiles, state, source, tiles, k_tile, fold_stride, weight_row, sharers_mask):
-            t = self.tactic
-            if nvvm.elect_sync():
-                for box in cutlass.range_constexpr(t.k_boxes):
-                    target = (weight_tiles + state.index * (t.weight_smem_rows * t.tile_k)
-                              + box * (t.weight_smem_rows * BOX_K))
-                    row = box_row(t, weight_row, k_tile, box, k_boxes_per_row)
-                    nvvm.cp_async_bulk_shared_cluster_global(
-                        target, source + row * ROW_BYTES, tiles.producer_get_barrier(state),
-                        t.weight_load_rows * ROW_BYTES, l2_cache_hint=EVICT_FIRST,
-                    )
 
     return BulkWeightGemm
