@@ -12,8 +12,9 @@ import torch
 from decode_projection.kernel.tactic import SplitKTactic, gated_problems, max_stages
 from decode_projection.policy import policies, tables
 from decode_projection.policy.policies import (
-    COMPUTE_BOUND_ROWS, STREAMING_STAGE_BYTES, activation_rows_for, activation_tile_choices, default_tactic,
-    filling_tactic, folded_tactic, grid_ctas, one_wave_tactic, predicted_time_us, resolve_policies, shared_weight_tactic, waves,
+    COMPUTE_BOUND_ROWS, STREAMING_STAGE_BYTES, activation_rows_for, activation_tile_choices, covering_tile_grid,
+    default_tactic, filling_tactic, folded_tactic, grid_ctas, one_wave_tactic, predicted_time_us, resolve_policies,
+    shared_weight_tactic, waves,
 )
 from decode_projection.policy.workload import DECODE_BATCHES, KIMI_K3_SHAPES
 from decode_projection.runtime.gpu import H100, H200, KNOWN_GPUS, GpuSpec, device_index
@@ -29,12 +30,12 @@ def early_start(*fields, **named) -> SplitKTactic:
 
 # The heuristic's H200 choices at batches 1, 16, 64 and 256: one tile per SM where N / SMs rounds to 32-192 rows,
 # folded into one warpgroup tile at batches up to 16 where N / SMs is 12-32 rows, stages of up to 40 KB, letting the next launch in as it starts (so do unsplit tiles alone on an SM); at 256 two
-# 128-row activation tiles sharing each weight tile where N / 66 rounds to 48-256 rows, else the fullest grid that
-# fits in one wave (sharing no loads where K is under a pipeline's worth; its 64-row tiles in two column groups),
-# else one weight-as-B tile per SM.
+# 128-row activation tiles sharing each weight tile where N / 66 rounds to 48-256 rows, else a one-wave grid over
+# the whole batch where one fills 70% of the SMs, else the fullest grid that fits in one wave (sharing no loads
+# where K is under a pipeline's worth; its 64-row tiles in two column groups), else one weight-as-B tile per SM.
 PINNED = [
     ((2112, 7168), early_start(16, 8, 1, 4, k_boxes=4, fold=4), SplitKTactic(128, 16, 4, 6, k_boxes=2),
-     SplitKTactic(128, 64, 4, 9), SplitKTactic(64, 128, 2, 9, column_groups=2)),
+     SplitKTactic(128, 64, 4, 9), SplitKTactic(64, 256, 3, 5, column_groups=2)),
     ((2304, 1536), SplitKTactic(128, 8, 4, 6, k_boxes=2), SplitKTactic(128, 16, 4, 6, k_boxes=2),
      SplitKTactic(128, 64, 4, 9), SplitKTactic(48, 128, 1, 10, multicast=2, weight_as_b=True)),
     ((7168, 1536), early_start(56, 8, 1, 6, k_boxes=4), early_start(56, 16, 1, 5, k_boxes=4),
@@ -124,6 +125,20 @@ def test_pairs_of_activation_tiles_share_each_weight_tile_past_batch_192():
         assert waves(tactic, n, 256) == 1 and tactic == default_tactic(n, 7168, 256)
         assert shared_weight_tactic(n, 7168, 200) == tactic and shared_weight_tactic(n, 7168, 192) is None
         assert shared_weight_tactic(n, 7168, 300) is None  # three activation tiles: two pairs, a second wave
+
+
+def test_a_grid_over_the_whole_batch_comes_first_where_it_fills_most_sms_and_k_is_long():
+    # 33 tiles of 64 rows, split 3: 99 CTAs over one activation tile, where the fullest grids tile the batch.
+    for gpu in KNOWN_GPUS.values():
+        for batch in (96, 128, 192, 256):
+            pick = one_wave_tactic(2112, 7168, batch, gpu)
+            assert (pick.weight_rows, pick.split, pick.k_boxes) == (64, 3, 1)
+            assert pick.activation_rows >= batch and grid_ctas(pick, 2112, batch) == 99
+    assert covering_tile_grid(2112, 7168, 300) is None  # no activation tile covers 300 rows
+    assert covering_tile_grid(2304, 1536, 128) is None  # split 3 would leave each rank 8 K tiles
+    assert one_wave_tactic(2304, 1536, 128).split == 2
+    # Where the covering grid is the fullest grid, the fullest grid's wide stages stay.
+    assert covering_tile_grid(7168, 3584, 96) is not None and one_wave_tactic(7168, 3584, 96).k_boxes == 2
 
 
 def test_one_wave_tiles_share_activation_loads_where_the_waves_stay():

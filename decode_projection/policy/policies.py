@@ -9,10 +9,11 @@ leave it, or for up to 32 rows per SM folding K into one warpgroup tile at
 small batches; for a shorter one about 0.4 CTAs per SM already saturate HBM when
 each keeps ~200 KB in flight, and past that, extra split only adds reduction
 work. A streaming CTA with an SM to itself lets the next launch in as it
-starts. Compute-bound batches (activation tiles of 96 or more) want the fullest
-grid that fits in one wave, neighbouring weight tiles sharing each activation
-load where K is long enough to share; a weight too tall for any such grid gets
-one tile per SM with the weight as B. The rules and their evidence:
+starts. Compute-bound batches (activation tiles of 96 or more) want a grid that
+fits in one wave: over the whole batch in one activation tile (the weight read
+once) where that fills most of the SMs, else the fullest, neighbouring weight
+tiles sharing each activation load where K is long enough to share; a weight too
+tall for any such grid gets one tile per SM with the weight as B. The rules and their evidence:
 docs/tactics-and-heuristic.md.
 """
 
@@ -47,6 +48,12 @@ MIN_SHARED_WEIGHT_ROWS = 48  # narrower weight tiles shared that way lost to the
 ACTIVATION_SHARERS = (4, 2)  # weight tiles sharing an activation load in one-wave grids, the most first
 MOST_SHARING_SPLIT = 2  # larger splits with sharing make clusters of 8, which lost
 MOST_CTAS_PER_SM = 6  # enough for a 64-row, split-2 grid of the largest shape to fit in one wave
+# A one-wave grid over the whole batch in one activation tile (the weight read once) is preferred to a fuller grid
+# of smaller activation tiles where it fills this share of the SMs, with these splits (3 among them: clusters of 4
+# fit only 30 at once on these cards), each rank keeping at least COVERING_TILE_K_TILES K tiles.
+COVERING_TILE_FILL = 0.7
+COVERING_TILE_SPLITS = (1, 2, 3, 4, 8)
+COVERING_TILE_K_TILES = 16
 SM_FLOPS_PER_US = 5.1e6  # dense BF16 wgmma per SM as fitted, ~70% of the datasheet 989 TFLOPS / 132
 SM_BYTES_PER_US = 50e3  # HBM bytes one SM pulls at most, as fitted (~50 GB/s: 132 SMs reach 6.6 TB/s)
 
@@ -184,7 +191,9 @@ def shared_weight_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> Spl
 
 
 def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTactic:
-    """For compute-bound batches: the fullest grid that fits in one wave, its neighbouring tiles sharing loads."""
+    """For compute-bound batches: a one-wave grid over the whole batch in one activation tile where one fills most
+    of the SMs (covering_tile_grid), else the fullest grid that fits in one wave; its neighbouring tiles sharing
+    loads."""
     # A second, partly filled wave of MMA-heavy CTAs costs nearly a whole one, and split K beyond need adds
     # reductions of large accumulators: in the H200 timings the best M >= 96 tactics ran 96-132 CTAs with the
     # smallest split that gets there. Ties go to the larger activation tile (the weight is read once per
@@ -199,8 +208,15 @@ def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTa
     ]
     options = [(grid_ctas(t, n, batch), t.activation_rows, t.split, t.weight_rows) for t in grids]
     one_wave = [o for t, o in zip(grids, options) if waves(t, n, batch, gpu) == 1]
-    if one_wave:
-        _, acts, split, rows = max(one_wave, key=lambda o: (o[0], o[1], -o[2], o[3] <= n, o[3]))
+    fullest = max(one_wave, key=lambda o: (o[0], o[1], -o[2], o[3] <= n, o[3])) if one_wave else None
+    covering = covering_tile_grid(n, k, batch, gpu)
+    if covering is not None and fullest is not None \
+            and fullest[1:] == (covering.activation_rows, covering.split, covering.weight_rows):
+        covering = None  # the fullest grid itself, in its own stages
+    if covering is not None:
+        acts, split, rows = covering.activation_rows, covering.split, covering.weight_rows
+    elif fullest is not None:
+        _, acts, split, rows = fullest
     else:  # no grid fits: one weight-as-B tile per SM, else the fewest CTAs, with the same preferences
         tall = tile_per_sm_as_b(n, batch, gpu)
         if tall is not None:
@@ -210,7 +226,9 @@ def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTa
     # rows): the twin with 2-box stages ran faster in 11 of 13 H100 cells at M = 96-192 (2304 x 1536 M=96: 1.14x
     # the best timed -> 1.00x) and in 15 of 20 H200 cells timed both ways (six tunes, 2026-12-04/05;
     # docs/measurements/2026-12-06-heuristic-one-wave-rules.txt). Wider tiles were not timed that way.
-    boxes = streaming_boxes(rows, acts, split, k) if rows == WGMMA_ROWS else 1
+    # A covering grid other than the fullest keeps one-box stages, the form the tunes timed (2112 x 7168 M=96:
+    # the best in 6 of 7 H200 tunes; its wide twin never timed).
+    boxes = streaming_boxes(rows, acts, split, k) if rows == WGMMA_ROWS and covering is None else 1
     tactic = as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split, boxes), k_boxes=boxes))
     # Neighbouring weight tiles share each activation load (TMA multicast) where that keeps a grid that runs to
     # its waves and the split is at most 2: in the H200 timings of M = 96-256 four sharers, else two, took the
@@ -229,6 +247,32 @@ def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTa
         if shared.valid and waves(shared, n, batch, gpu) == unshared_waves:
             return in_column_groups(shared)
     return in_column_groups(tactic)
+
+
+def covering_tile_grid(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTactic | None:
+    """For compute-bound batches: the one-wave grid with the batch in one activation tile that fills
+    COVERING_TILE_FILL of the SMs (the most CTAs, then the smaller split, then the larger weight tile), its
+    ranks keeping COVERING_TILE_K_TILES K tiles each, else None. Its stages are one_wave_tactic's to set."""
+    # The fullest grid may tile the batch, and so read the weight once per activation tile: 2112 x 7168 at
+    # M = 96-128 took two tiles of 48-64 rows (132 CTAs) and ran 1.12-1.26x the best timed tactic on both cards,
+    # where 33 tiles of 64 rows split 3 over the whole batch (99 CTAs) was the best or within 7% in every tune.
+    # With 8 K tiles a rank (2304 x 1536 split 3) the same grid ran 1.18-1.38x on the H200
+    # (docs/measurements/2026-12-07-heuristic-covering-tile.txt).
+    acts = activation_rows_for(batch)
+    if acts < batch:  # past the largest activation tile, no tile covers the batch
+        return None
+    k_tiles = math.ceil(k / BOX_K)
+    grids = [
+        SplitKTactic(rows, acts, split, 2)
+        for rows in HEURISTIC_WEIGHT_ROWS
+        for split in COVERING_TILE_SPLITS
+        if split <= largest_split(k, gpu) and k_tiles >= split * COVERING_TILE_K_TILES
+    ]
+    filling = [t for t in grids
+               if waves(t, n, batch, gpu) == 1 and grid_ctas(t, n, batch) >= COVERING_TILE_FILL * gpu.sm_count]
+    if not filling:
+        return None
+    return max(filling, key=lambda t: (grid_ctas(t, n, batch), -t.split, t.weight_rows <= n, t.weight_rows))
 
 
 def in_column_groups(tactic: SplitKTactic) -> SplitKTactic:
