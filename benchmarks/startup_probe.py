@@ -249,8 +249,12 @@ def projection_launch(kernel, weights, sources=None, layout=None):
                         options=f"--gpu-arch={architecture(device)}")
     views = [matrix_view(w) for w in weights]  # the kernel reads only their extents
     sources = sources or weights
-    maps = [] if layout == "bulk" else [weight_map(source, kernel.tactic.weight_load_rows) for source in sources]
-    addresses = [cutlass.Int64(m.data_ptr()) for m in maps or sources]
+    if layout == "bulk":
+        maps = None
+        addresses = [cutlass.Int64(source.data_ptr()) for source in sources]
+    else:
+        maps = [weight_map(source, kernel.tactic.weight_load_rows) for source in sources]
+        addresses = [cutlass.Int64(m.data_ptr()) for m in maps]
 
     def launch(i, x, out):
         code(views[i], matrix_view(x), matrix_view(out, output=True), addresses[i], current_stream(device))
@@ -258,7 +262,8 @@ def projection_launch(kernel, weights, sources=None, layout=None):
     def warm_map(i):
         """Read copy ``i``'s weight map through L2 (a reduction kernel), so that its TMA finds it there."""
         maps[i].sum()
-    launch.keep, launch.warm_map = (maps, sources), warm_map
+    launch.keep = (maps, sources)
+    launch.warm_map = None if maps is None else warm_map
     return launch
 
 
@@ -276,7 +281,8 @@ def layout_gemm(gemm, tactic, weight, layout):
 def stamped_projection(address, weights, tactic, programmatic, gemm=SplitKGemm, layout=None, made=None):
     """``launch(i, x, out)``: ``tactic`` compiled with stamps, on weight copy ``i``; ``gemm``: the kernel class
     stamped (a changed copy's SplitKGemm of the same signature, say, which takes the tactic by field name);
-    ``layout``: read the weights' copies of that layout (made once per ``made`` dict) instead."""
+    ``layout``: read the weights' copies of that layout instead, made once per ``made`` dict where one is given."""
+    made = {} if made is None else made
     gemm = layout_gemm(gemm, tactic, weights[0], layout)
     sources = None if layout is None else layout_copies(weights, tactic.weight_load_rows, layout, made)
     return projection_launch(stamped_gemm(gemm)(tactic.to_dict(), programmatic, address), weights, sources, layout)
@@ -470,8 +476,9 @@ def context_times(plain_glue_torch, shapes=SHAPES, batches=BATCHES, layouts=()):
                 launches[f"ours {'pdl' if programmatic else 'plain'}"] = \
                     lambda i, p=projections: p[i].run(x, outs[i])
             tactic = policies[batch]
-            for layout in layouts if not tiling_problems(tactic, n, k) else ():
-                reference = Reference(x, weights[0], torch.bfloat16)
+            readable = [] if tiling_problems(tactic, n, k) else layouts
+            reference = Reference(x, weights[0], torch.bfloat16) if readable else None
+            for layout in readable:
                 gemm = layout_gemm(SplitKGemm, tactic, weights[0], layout)
                 sources = layout_copies(weights, tactic.weight_load_rows, layout, made)
                 for programmatic in (True, False):
@@ -540,8 +547,7 @@ def main():
             kernels[f" {args.compare_package}"] = (theirs, None)
         for layout in layouts:
             kernels[f" {LAYOUT_SUFFIXES[layout]}"] = (SplitKGemm, layout)
-        results["timeline"] = timelines(stamps, contexts, args.shape or SHAPES[:3], args.batches,
-                                        kernels if len(kernels) > 1 else None)
+        results["timeline"] = timelines(stamps, contexts, args.shape or SHAPES[:3], args.batches, kernels)
     if "times" in parts:
         results["times"] = context_times(foreign_kernel(device), args.shape or SHAPES, args.batches, layouts)
     if args.json:

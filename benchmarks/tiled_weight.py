@@ -27,7 +27,8 @@ from decode_projection.kernel.splitk import EVICT_FIRST
 from decode_projection.kernel.tactic import BOX_K
 
 LAYOUTS = ("tiles", "bulk")
-ROW_BYTES = 128  # one row of a 64-column box of a 2-byte weight: the span the 128-byte swizzle permutes
+ELEMENT_BYTES = 2  # BF16 and FP16 weights
+ROW_BYTES = BOX_K * ELEMENT_BYTES  # one row of a box: the span the 128-byte swizzle permutes
 SWIZZLE_ROWS = 8  # the swizzle moves 16-byte chunk c of shared-memory row r to c ^ (r % 8)
 CHUNKS_PER_ROW = ROW_BYTES // 16
 
@@ -52,11 +53,19 @@ def tile_contiguous(weight: torch.Tensor, rows: int) -> torch.Tensor:
     return blocks.contiguous().reshape(n * k // BOX_K, BOX_K)
 
 
+def check_layout(layout: str):
+    """A ValueError unless ``layout`` is one of LAYOUTS."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"weight layout {layout!r} is not one of {LAYOUTS}")
+
+
 def pre_swizzled(tiled: torch.Tensor) -> torch.Tensor:
     """``tiled`` (a tile-contiguous copy, [rows, 64] of a 2-byte type) with each row's 16-byte chunks where the
     128-byte swizzle stores them: chunk c of row r at c ^ (r % 8). A box starts at a multiple of its tile's rows
     (every legal height a multiple of 8) and lands at a 1024-byte aligned shared-memory tile, so its rows' swizzle
     phases are their indices here modulo 8."""
+    if tiled.element_size() != ELEMENT_BYTES:
+        raise ValueError(f"a {tiled.dtype} copy: the swizzle is laid out for {ELEMENT_BYTES}-byte elements")
     rows = tiled.shape[0]
     chunks = tiled.reshape(rows, CHUNKS_PER_ROW, -1)
     phase = torch.arange(rows, device=tiled.device) % SWIZZLE_ROWS
@@ -68,6 +77,7 @@ def pre_swizzled(tiled: torch.Tensor) -> torch.Tensor:
 
 def layout_copy(weight: torch.Tensor, rows: int, layout: str) -> torch.Tensor:
     """The copy of ``weight`` that ``layout`` (one of LAYOUTS) reads, for tiles of ``rows`` rows."""
+    check_layout(layout)
     tiled = tile_contiguous(weight, rows)
     return pre_swizzled(tiled) if layout == "bulk" else tiled
 
@@ -79,13 +89,18 @@ def box_row(tactic, weight_row, k_tile, box, boxes_per_row):
     return weight_row * boxes_per_row + (k_tile * tactic.k_boxes + box) * tactic.weight_load_rows
 
 
+def bulk_box(tactic, row):
+    """(first byte, bytes) of the box at copy row ``row`` (box_row), for the ``bulk`` layout's 1-D copy. Python
+    integers, or the kernel's (a 32-bit offset: weights under 2 GiB)."""
+    return row * ROW_BYTES, tactic.weight_load_rows * ROW_BYTES
+
+
 def tiled_weight_gemm(base, k: int, layout: str = "tiles"):
     """A subclass of SplitKGemm class ``base`` that loads its weight boxes from the ``layout`` copy of a weight of
     ``k`` columns (layout_copy): through a map of that copy with the kernel's usual box, or for ``bulk`` each box
     with one 1-D bulk copy of its rows x 128 bytes from the copy's address, passed where the kernel takes its
     weight map's."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"weight layout {layout!r} is not one of {LAYOUTS}")
+    check_layout(layout)
     k_boxes_per_row = k // BOX_K
     bulk = layout == "bulk"
 
@@ -100,9 +115,9 @@ def tiled_weight_gemm(base, k: int, layout: str = "tiles"):
                     row = box_row(t, weight_row, k_tile, box, k_boxes_per_row)
                     barrier = tiles.producer_get_barrier(state)
                     if cutlass.const_expr(bulk):
+                        first_byte, size = bulk_box(t, row)
                         nvvm.cp_async_bulk_shared_cluster_global(
-                            target, descriptor + row * ROW_BYTES, barrier, t.weight_load_rows * ROW_BYTES,
-                            l2_cache_hint=EVICT_FIRST,
+                            target, descriptor + first_byte, barrier, size, l2_cache_hint=EVICT_FIRST,
                         )
                     else:
                         nvvm.cp_async_bulk_tensor_shared_cta_global(

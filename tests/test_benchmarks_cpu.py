@@ -87,24 +87,35 @@ def test_tile_contiguous_reading_tactics():
     assert tiled_weight.tiling_problems(SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True), 7168, 768)
 
 
-def test_a_pre_swizzled_box_is_the_image_a_swizzled_tma_load_writes():
+def test_every_bulk_copy_lands_the_image_a_swizzled_tma_load_of_its_box_writes():
     import tiled_weight
 
-    rows, k = 56, 256
-    weight = torch.randn(2 * rows, k).to(torch.bfloat16)
-    stored = tiled_weight.layout_copy(weight, rows, "bulk")
-    tiled = tiled_weight.tile_contiguous(weight, rows)
-    element_bytes = weight.element_size()
-    for first in range(0, stored.shape[0], rows):  # every box
-        image = stored[first:first + rows].contiguous().view(torch.uint8).reshape(-1)  # a 1-D copy's bytes
-        box = tiled[first:first + rows].contiguous().view(torch.uint8).reshape(-1)
-        for row in range(rows):
-            for byte in range(0, 128, 16):
-                # SWIZZLE_128B: byte address bits [4, 7) XOR bits [7, 10) of a 1024-byte aligned tile.
-                offset = row * 128 + byte
-                swizzled = offset ^ (((offset >> 7) & 7) << 4)
-                assert torch.equal(image[swizzled:swizzled + 16], box[offset:offset + 16]), (first, row, byte)
-    assert element_bytes == 2 and not torch.equal(stored, tiled)
+    tactic = SplitKTactic(56, 64, 2, 7, k_boxes=2)
+    n, k = 112, 512
+    weight = torch.randn(n, k).to(torch.bfloat16)
+    stored = tiled_weight.layout_copy(weight, tactic.weight_load_rows, "bulk").view(torch.uint8).reshape(-1)
+    loads = 0
+    for weight_row in range(0, n, tactic.weight_rows):
+        for rank in range(tactic.split):
+            first, stages, _ = tactic.k_slice(k, rank)
+            for k_tile in range(first, first + stages):
+                for box in range(tactic.k_boxes):
+                    row = tiled_weight.box_row(tactic, weight_row, k_tile, box, k // 64)
+                    start, size = tiled_weight.bulk_box(tactic, row)
+                    image = stored[start:start + size]  # what the 1-D copy lands at a 1024-byte aligned tile
+                    column = (k_tile * tactic.k_boxes + box) * 64
+                    expected = weight[weight_row:weight_row + tactic.weight_load_rows, column:column + 64]
+                    expected = expected.contiguous().view(torch.uint8).reshape(-1)
+                    assert size == expected.numel()
+                    for offset in range(0, size, 16):
+                        # SWIZZLE_128B: byte address bits [4, 7) XOR bits [7, 10).
+                        swizzled = offset ^ (((offset >> 7) & 7) << 4)
+                        assert torch.equal(image[swizzled:swizzled + 16], expected[offset:offset + 16]), \
+                            (weight_row, k_tile, box, offset)
+                    loads += 1
+    assert loads == n // tactic.weight_load_rows * k // 64  # every box of the weight, once
+    with pytest.raises(ValueError, match="not one of"):
+        tiled_weight.layout_copy(weight, 56, "rows")
 
 
 @pytest.mark.slow

@@ -30,9 +30,9 @@ def early_start(*fields, **named) -> SplitKTactic:
 
 # The heuristic's H200 choices at batches 1, 16, 64 and 256: one tile per SM where N / SMs rounds to 32-192 rows,
 # folded into one warpgroup tile at batches up to 16 where N / SMs is 12-32 rows, stages of up to 40 KB, letting the next launch in as it starts (so do unsplit tiles alone on an SM); at 256 two
-# 128-row activation tiles sharing each weight tile where N / 66 rounds to 48-256 rows, else a one-wave grid over
-# the whole batch where one fills 70% of the SMs, else the fullest grid that fits in one wave (sharing no loads
-# where K is under a pipeline's worth; its 64-row tiles in two column groups), else one weight-as-B tile per SM.
+# 128-row activation tiles sharing each weight tile where N / 66 rounds to 48-256 rows, else the fullest grid that
+# fits in one wave, or where that tiles the batch one over the whole batch that fills 70% of the SMs (sharing no
+# loads where K is under a pipeline's worth; its 64-row tiles in two column groups), else one weight-as-B tile per SM.
 PINNED = [
     ((2112, 7168), early_start(16, 8, 1, 4, k_boxes=4, fold=4), SplitKTactic(128, 16, 4, 6, k_boxes=2),
      SplitKTactic(128, 64, 4, 9), SplitKTactic(64, 256, 3, 5, column_groups=2)),
@@ -129,16 +129,17 @@ def test_pairs_of_activation_tiles_share_each_weight_tile_past_batch_192():
 
 def test_a_grid_over_the_whole_batch_comes_first_where_it_fills_most_sms_and_k_is_long():
     # 33 tiles of 64 rows, split 3: 99 CTAs over one activation tile, where the fullest grids tile the batch.
-    for gpu in KNOWN_GPUS.values():
-        for batch in (96, 128, 192, 256):
-            pick = one_wave_tactic(2112, 7168, batch, gpu)
-            assert (pick.weight_rows, pick.split, pick.k_boxes) == (64, 3, 1)
-            assert pick.activation_rows >= batch and grid_ctas(pick, 2112, batch) == 99
+    for batch in (96, 128, 192, 256):
+        pick = one_wave_tactic(2112, 7168, batch)
+        assert (pick.weight_rows, pick.split, pick.k_boxes) == (64, 3, 1)
+        assert pick.activation_rows >= batch and grid_ctas(pick, 2112, batch) == 99
     assert covering_tile_grid(2112, 7168, 300) is None  # no activation tile covers 300 rows
     assert covering_tile_grid(2304, 1536, 128) is None  # split 3 would leave each rank 8 K tiles
     assert one_wave_tactic(2304, 1536, 128).split == 2
-    # Where the covering grid is the fullest grid, the fullest grid's wide stages stay.
+    # Where the fullest grid already covers the batch it stays, with its own split, sharing and wide stages.
     assert covering_tile_grid(7168, 3584, 96) is not None and one_wave_tactic(7168, 3584, 96).k_boxes == 2
+    assert covering_tile_grid(2304, 7168, 128).split == 3 and one_wave_tactic(2304, 7168, 128).split == 2
+    assert one_wave_tactic(6288, 1536, 96).weight_rows == 128  # the K-tile floor leaves the covering grid split 1
 
 
 def test_one_wave_tiles_share_activation_loads_where_the_waves_stay():

@@ -48,8 +48,8 @@ MIN_SHARED_WEIGHT_ROWS = 48  # narrower weight tiles shared that way lost to the
 ACTIVATION_SHARERS = (4, 2)  # weight tiles sharing an activation load in one-wave grids, the most first
 MOST_SHARING_SPLIT = 2  # larger splits with sharing make clusters of 8, which lost
 MOST_CTAS_PER_SM = 6  # enough for a 64-row, split-2 grid of the largest shape to fit in one wave
-# A one-wave grid over the whole batch in one activation tile (the weight read once) is preferred to a fuller grid
-# of smaller activation tiles where it fills this share of the SMs, with these splits (3 among them: clusters of 4
+# A one-wave grid over the whole batch in one activation tile (the weight read once) replaces a fuller grid of
+# smaller activation tiles where it fills this share of the SMs, with these splits (3 among them: clusters of 4
 # fit only 30 at once on these cards), each rank keeping at least COVERING_TILE_K_TILES K tiles.
 COVERING_TILE_FILL = 0.7
 COVERING_TILE_SPLITS = (1, 2, 3, 4, 8)
@@ -191,8 +191,8 @@ def shared_weight_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> Spl
 
 
 def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTactic:
-    """For compute-bound batches: a one-wave grid over the whole batch in one activation tile where one fills most
-    of the SMs (covering_tile_grid), else the fullest grid that fits in one wave; its neighbouring tiles sharing
+    """For compute-bound batches: the fullest grid that fits in one wave, or where that tiles the batch a one-wave
+    grid over the whole batch that fills most of the SMs (covering_tile_grid); its neighbouring tiles sharing
     loads."""
     # A second, partly filled wave of MMA-heavy CTAs costs nearly a whole one, and split K beyond need adds
     # reductions of large accumulators: in the H200 timings the best M >= 96 tactics ran 96-132 CTAs with the
@@ -210,10 +210,10 @@ def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTa
     one_wave = [o for t, o in zip(grids, options) if waves(t, n, batch, gpu) == 1]
     fullest = max(one_wave, key=lambda o: (o[0], o[1], -o[2], o[3] <= n, o[3])) if one_wave else None
     covering = covering_tile_grid(n, k, batch, gpu)
-    if covering is not None and fullest is not None \
-            and fullest[1:] == (covering.activation_rows, covering.split, covering.weight_rows):
-        covering = None  # the fullest grid itself, in its own stages
-    if covering is not None:
+    # Only where the fullest grid tiles the batch (and so reads the weight more than once) does the covering grid
+    # replace it; a fullest grid over the whole batch keeps its own split, sharing and stages.
+    over_the_batch = covering is not None and (fullest is None or fullest[1] < covering.activation_rows)
+    if over_the_batch:
         acts, split, rows = covering.activation_rows, covering.split, covering.weight_rows
     elif fullest is not None:
         _, acts, split, rows = fullest
@@ -226,9 +226,9 @@ def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTa
     # rows): the twin with 2-box stages ran faster in 11 of 13 H100 cells at M = 96-192 (2304 x 1536 M=96: 1.14x
     # the best timed -> 1.00x) and in 15 of 20 H200 cells timed both ways (six tunes, 2026-12-04/05;
     # docs/measurements/2026-12-06-heuristic-one-wave-rules.txt). Wider tiles were not timed that way.
-    # A covering grid other than the fullest keeps one-box stages, the form the tunes timed (2112 x 7168 M=96:
-    # the best in 6 of 7 H200 tunes; its wide twin never timed).
-    boxes = streaming_boxes(rows, acts, split, k) if rows == WGMMA_ROWS and covering is None else 1
+    # The covering grid keeps one-box stages, the form the tunes timed (2112 x 7168 M=96: the best in 6 of 7 H200
+    # tunes; its wide twin never timed).
+    boxes = streaming_boxes(rows, acts, split, k) if rows == WGMMA_ROWS and not over_the_batch else 1
     tactic = as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split, boxes), k_boxes=boxes))
     # Neighbouring weight tiles share each activation load (TMA multicast) where that keeps a grid that runs to
     # its waves and the split is at most 2: in the H200 timings of M = 96-256 four sharers, else two, took the
