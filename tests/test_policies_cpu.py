@@ -133,6 +133,7 @@ def test_a_grid_over_the_whole_batch_comes_first_where_it_fills_most_sms_and_k_i
         pick = one_wave_tactic(2112, 7168, batch)
         assert (pick.weight_rows, pick.split, pick.k_boxes) == (64, 3, 1)
         assert pick.activation_rows >= batch and grid_ctas(pick, 2112, batch) == 99
+        assert with_k_boxes(pick, 2) in candidate_tactics(2112, 7168, batch, limit=12)  # its wide twin is timed too
     assert covering_tile_grid(2112, 7168, 300) is None  # no activation tile covers 300 rows
     assert covering_tile_grid(2304, 1536, 128) is None  # split 3 would leave each rank 8 K tiles
     assert one_wave_tactic(2304, 1536, 128).split == 2
