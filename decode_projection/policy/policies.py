@@ -9,12 +9,12 @@ leave it, or for up to 32 rows per SM folding K into one warpgroup tile at
 small batches; for a shorter one about 0.4 CTAs per SM already saturate HBM when
 each keeps ~200 KB in flight, and past that, extra split only adds reduction
 work. A streaming CTA with an SM to itself lets the next launch in as it
-starts. Compute-bound batches (activation tiles of 96 or more) want a grid that
-fits in one wave: over the whole batch in one activation tile (the weight read
-once) where that fills most of the SMs, else the fullest, neighbouring weight
-tiles sharing each activation load where K is long enough to share; a weight too
-tall for any such grid gets one tile per SM with the weight as B. The rules and their evidence:
-docs/tactics-and-heuristic.md.
+starts. Compute-bound batches (activation tiles of 96 or more) want the fullest
+grid that fits in one wave, or where that tiles the batch (reading the weight
+more than once) one over the whole batch that fills most of the SMs; neighbouring
+weight tiles share each activation load where K is long enough to share; a weight
+too tall for any such grid gets one tile per SM with the weight as B. The rules
+and their evidence: docs/tactics-and-heuristic.md.
 """
 
 import math
@@ -255,7 +255,8 @@ def covering_tile_grid(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> Split
     ranks keeping COVERING_TILE_K_TILES K tiles each, else None. Its stages are one_wave_tactic's to set."""
     # The fullest grid may tile the batch, and so read the weight once per activation tile: 2112 x 7168 at
     # M = 96-128 took two tiles of 48-64 rows (132 CTAs) and ran 1.12-1.26x the best timed tactic on both cards,
-    # where 33 tiles of 64 rows split 3 over the whole batch (99 CTAs) was the best or within 7% in every tune.
+    # where 33 tiles of 64 rows split 3 over the whole batch (99 CTAs) was the best or within 7% in every tune
+    # that timed it.
     # With 8 K tiles a rank (2304 x 1536 split 3) the same grid ran 1.18-1.38x on the H200
     # (docs/measurements/2026-12-07-heuristic-covering-tile.txt).
     acts = activation_rows_for(batch)
