@@ -529,6 +529,21 @@ def test_the_tuner_still_times_what_the_one_wave_rules_turned_away_from():
                     assert with_k_boxes(pick, 1) in offered, f"{n}x{k} M={batch}"
 
 
+def test_a_streaming_pick_split_4_is_timed_next_to_its_split_3_twin():
+    for gpu in KNOWN_GPUS.values():
+        for batch in (16, 24, 32, 48, 64):
+            pick = default_tactic(2112, 7168, batch, gpu)
+            assert pick.split == 4
+            twin = SplitKTactic(pick.weight_rows, pick.activation_rows, 3,
+                                max_stages(pick.weight_rows, pick.activation_rows, 3))
+            assert twin in candidate_tactics(2112, 7168, batch, gpu, limit=12), f"M={batch}"
+    # Not under a pinned order, and not for other splits or compute-bound picks.
+    assert candidates.split_three_twins(default_tactic(2112, 7168, 24), 7168, order=(4, 2)) == []
+    assert default_tactic(1536, 7168, 16).split == 8 and candidates.split_three_twins(
+        default_tactic(1536, 7168, 16), 7168) == []
+    assert candidates.split_three_twins(SplitKTactic(128, 128, 4, 4), 7168) == []
+
+
 def test_padded_weight_tiles_fill_the_sms_at_streaming_batches():
     # 7168 rows: 128 tiles of 56 (padded to one warpgroup); 6288: 131 of 48; 20480: 128 of 160 (three warpgroups).
     for (n, rows, ctas) in ((7168, 56, 128), (6288, 48, 131), (20480, 160, 128)):
