@@ -435,3 +435,13 @@ def test_compare_runs_sums_up_each_set_by_its_medians_and_lists_changed_tactics(
     out = capsys.readouterr().out
     assert "1 cells in one set only, left out: 7168x1536 M=1 chain" in out
     assert "chain    M=1-64: 1.2000x -> 2.0000x over 1 cells" in out
+
+
+def test_heuristic_regret_takes_each_cell_from_the_last_file_that_timed_it():
+    regret = load_script("heuristic_regret")
+    older = [{"n": 1, "k": 2, "batch": 1, "file": "old"}, {"n": 1, "k": 2, "batch": 8, "file": "old"}]
+    newer = [{"n": 1, "k": 2, "batch": 8, "file": "new"}, {"n": 3, "k": 2, "batch": 1, "file": "new"}]
+    def files(documents):
+        return {(c["n"], c["k"], c["batch"]): c["file"] for c in regret.newest_cells(documents)}
+    assert files([older, newer]) == {(1, 2, 1): "old", (1, 2, 8): "new", (3, 2, 1): "new"}
+    assert files([newer, older])[1, 2, 8] == "old"  # the order given decides
