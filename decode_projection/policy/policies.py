@@ -199,16 +199,9 @@ def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTa
     # smallest split that gets there. Ties go to the larger activation tile (the weight is read once per
     # activation tile), then the smaller split, then the larger weight tile. Among timed tactics this rule lost
     # 8% to the best (geometric mean over 59 cells), the fill-the-SMs rule before it 45%.
-    grids = [
-        SplitKTactic(rows, acts, split, 2)
-        for acts in activation_tile_choices(batch)
-        for rows in HEURISTIC_WEIGHT_ROWS
-        for split in HEURISTIC_SPLITS
-        if split <= largest_split(k, gpu)
-    ]
-    options = [(grid_ctas(t, n, batch), t.activation_rows, t.split, t.weight_rows) for t in grids]
-    one_wave = [o for t, o in zip(grids, options) if waves(t, n, batch, gpu) == 1]
-    fullest = max(one_wave, key=lambda o: (o[0], o[1], -o[2], o[3] <= n, o[3])) if one_wave else None
+    splits = [split for split in HEURISTIC_SPLITS if split <= largest_split(k, gpu)]
+    options = grid_options(n, batch, gpu, activation_tile_choices(batch), splits)
+    fullest = max((o for o, one_wave in options if one_wave), key=fuller(n), default=None)
     covering = covering_tile_grid(n, k, batch, gpu)
     # Only where the fullest grid tiles the batch (and so reads the weight more than once) does the covering grid
     # replace it; a fullest grid over the whole batch keeps its own split, sharing and stages.
@@ -221,7 +214,7 @@ def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTa
         tall = tile_per_sm_as_b(n, batch, gpu)
         if tall is not None:
             return tall
-        _, acts, split, rows = min(options, key=lambda o: (o[0], -o[1], o[2], -o[3]))
+        _, acts, split, rows = min((o for o, _ in options), key=lambda o: (o[0], -o[1], o[2], -o[3]))
     # 64-row tiles in stages as wide as streaming ones (up to STREAMING_STAGE_BYTES: 2 boxes up to 96 activation
     # rows): the twin with 2-box stages ran faster in 11 of 13 H100 cells at M = 96-192 (2304 x 1536 M=96: 1.14x
     # the best timed -> 1.00x) and in 15 of 20 H200 cells timed both ways (six tunes, 2026-12-04/05;
@@ -259,21 +252,33 @@ def covering_tile_grid(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> Split
     # that timed it.
     # With 8 K tiles a rank (2304 x 1536 split 3) the same grid ran 1.18-1.38x on the H200
     # (docs/measurements/2026-12-07-heuristic-covering-tile.txt).
-    acts = activation_rows_for(batch)
-    if acts < batch:  # past the largest activation tile, no tile covers the batch
+    covering = activation_rows_for(batch)
+    if covering < batch:  # past the largest activation tile, no tile covers the batch
         return None
     k_tiles = math.ceil(k / BOX_K)
-    grids = [
-        SplitKTactic(rows, acts, split, 2)
-        for rows in HEURISTIC_WEIGHT_ROWS
-        for split in COVERING_TILE_SPLITS
-        if split <= largest_split(k, gpu) and k_tiles >= split * COVERING_TILE_K_TILES
-    ]
-    filling = [t for t in grids
-               if waves(t, n, batch, gpu) == 1 and grid_ctas(t, n, batch) >= COVERING_TILE_FILL * gpu.sm_count]
+    splits = [split for split in COVERING_TILE_SPLITS
+              if split <= largest_split(k, gpu) and k_tiles >= split * COVERING_TILE_K_TILES]
+    filling = [o for o, one_wave in grid_options(n, batch, gpu, [covering], splits)
+               if one_wave and o[0] >= COVERING_TILE_FILL * gpu.sm_count]
     if not filling:
         return None
-    return max(filling, key=lambda t: (grid_ctas(t, n, batch), -t.split, t.weight_rows <= n, t.weight_rows))
+    _, acts, split, rows = max(filling, key=fuller(n))
+    return SplitKTactic(rows, acts, split, 2)
+
+
+def grid_options(n: int, batch: int, gpu: GpuSpec, activation_tiles, splits) -> list:
+    """``[((CTAs, activation rows, split, weight rows), whether it fits in one wave)]`` for the grids of
+    HEURISTIC_WEIGHT_ROWS tiles over each of ``activation_tiles`` in each of ``splits``."""
+    grids = [SplitKTactic(rows, acts, split, 2)
+             for acts in activation_tiles for rows in HEURISTIC_WEIGHT_ROWS for split in splits]
+    return [((grid_ctas(t, n, batch), t.activation_rows, t.split, t.weight_rows), waves(t, n, batch, gpu) == 1)
+            for t in grids]
+
+
+def fuller(n: int):
+    """The one-wave rules' preference among grid_options: more CTAs, then the larger activation tile, then the
+    smaller split, then a weight tile no taller than the weight's ``n`` rows, then the larger one."""
+    return lambda o: (o[0], o[1], -o[2], o[3] <= n, o[3])
 
 
 def in_column_groups(tactic: SplitKTactic) -> SplitKTactic:
