@@ -31,8 +31,9 @@ def early_start(*fields, **named) -> SplitKTactic:
 # The heuristic's H200 choices at batches 1, 16, 64 and 256: one tile per SM where N / SMs rounds to 32-192 rows,
 # folded into one warpgroup tile at batches up to 16 where N / SMs is 12-32 rows, stages of up to 40 KB, letting the next launch in as it starts (so do unsplit tiles alone on an SM); at 256 two
 # 128-row activation tiles sharing each weight tile where N / 66 rounds to 48-256 rows, else the fullest grid that
-# fits in one wave, or where that tiles the batch one over the whole batch that fills 70% of the SMs (sharing no
-# loads where K is under a pipeline's worth; its 64-row tiles in two column groups), else one weight-as-B tile per SM.
+# fits in one wave, or where that tiles the batch one over the whole batch that fills 70% of the SMs (its 64-row tiles
+# in two column groups), else one weight-as-B tile per SM; where K is under a pipeline's worth, unsplit streaming
+# tiles in the fewest CTAs that reach a third of the SMs, letting the next launch in early.
 PINNED = [
     ((2112, 7168), early_start(16, 8, 1, 4, k_boxes=4, fold=4), SplitKTactic(128, 16, 4, 6, k_boxes=2),
      SplitKTactic(128, 64, 4, 9), SplitKTactic(64, 256, 3, 5, column_groups=2)),
@@ -61,9 +62,9 @@ PINNED = [
     ((7168, 14336), early_start(56, 8, 1, 6, k_boxes=4), early_start(56, 16, 1, 5, k_boxes=4),
      early_start(56, 64, 1, 7, k_boxes=2), SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True)),
     ((1536, 128), early_start(64, 8, 1, 25), early_start(64, 16, 1, 22), early_start(64, 64, 1, 14),
-     SplitKTactic(64, 64, 1, 14)),
+     early_start(128, 64, 1, 9)),
     ((3072, 128), early_start(64, 8, 1, 25), early_start(64, 16, 1, 22), early_start(64, 64, 1, 14),
-     SplitKTactic(48, 128, 1, 10, multicast=2, weight_as_b=True)),
+     early_start(128, 64, 1, 9)),
 ]
 
 
@@ -173,8 +174,10 @@ def test_streaming_picks_alone_on_an_sm_let_the_next_launch_in_as_they_start():
             for invariant in (False, True):
                 tactic = default_tactic(n, k, batch, batch_invariant=invariant)
                 streaming = activation_rows_for(batch) < COMPUTE_BOUND_ROWS
+                # Compute-bound batches of a short K take streaming activation tiles (policies.short_k_tactic).
+                short_k = not invariant and policies.short_k_tactic(n, k, batch) is not None
                 may = policies.may_start_dependents_early(replace(tactic, dependents_at_start=False))
-                assert tactic.dependents_at_start == (streaming and may), (n, k, batch)
+                assert tactic.dependents_at_start == ((streaming or short_k) and may), (n, k, batch)
                 if tactic.dependents_at_start:
                     assert tactic.split == tactic.multicast == policies.ctas_per_sm(tactic) == 1
     # The early start leaves the order K is summed in as it was.
@@ -520,7 +523,8 @@ def test_the_tuner_still_times_what_the_one_wave_rules_turned_away_from():
     for gpu in KNOWN_GPUS.values():
         for (n, k) in KIMI_K3_SHAPES:
             for batch in (96, 128, 192):
-                pick = default_tactic(n, k, batch, gpu)
+                # An early pick is offered late, and the tuner adds its early twin (early_dependents_tactics).
+                pick = replace(default_tactic(n, k, batch, gpu), dependents_at_start=False)
                 offered = candidate_tactics(n, k, batch, gpu, limit=12)
                 assert pick in offered
                 if pick.column_groups == 2:
@@ -730,3 +734,17 @@ def test_a_cluster_no_sm_group_can_hold_is_never_chosen():
         for n, k in ((1536, 7168), (2112, 7168), (7168, 3584)):
             for tactic in candidate_tactics(n, k, batch, small, limit=16):
                 assert small.clusters_at_once(tactic.split * tactic.multicast) > 0, (n, k, batch, tactic)
+
+
+def test_a_weight_under_a_pipelines_k_gets_the_fewest_streaming_tiles_that_reach_a_third_of_the_sms():
+    # One K tile (K = 128): unsplit tiles over a half or a quarter of the batch, 44 or more CTAs on 132 SMs, the
+    # taller weight tile on a tie (1536 rows at M=128: 12 x 4 CTAs of 128 x 32 rather than 24 x 2 of 64 x 64).
+    for (n, batch), (rows, acts, ctas) in {(1536, 96): (64, 48, 48), (1536, 128): (128, 32, 48),
+                                           (1536, 192): (128, 48, 48), (3072, 192): (128, 48, 96)}.items():
+        tactic = policies.short_k_tactic(n, 128, batch)
+        assert (tactic.weight_rows, tactic.activation_rows, tactic.split) == (rows, acts, 1), (n, batch)
+        assert grid_ctas(tactic, n, batch) == ctas and tactic.dependents_at_start
+        assert default_tactic(n, 128, batch) == tactic
+    # A pipeline's worth of K, or a streaming batch, keeps the other rules.
+    assert policies.short_k_tactic(1536, 512, 128) is None
+    assert default_tactic(1536, 128, 64).activation_rows == 64

@@ -52,6 +52,7 @@ MOST_CTAS_PER_SM = 6  # enough for a 64-row, split-2 grid of the largest shape t
 # smaller activation tiles where it fills this share of the SMs, with these splits (3 among them: clusters of 4
 # fit only 30 at once on these cards), each rank keeping at least COVERING_TILE_K_TILES K tiles.
 COVERING_TILE_FILL = 0.7
+SHORT_K_CTA_FRACTION = 1 / 3  # the share of SMs a compute-bound grid of a weight under a pipeline's K fills
 COVERING_TILE_SPLITS = (1, 2, 3, 4, 8)
 COVERING_TILE_K_TILES = 16
 SM_FLOPS_PER_US = 5.1e6  # dense BF16 wgmma per SM as fitted, ~70% of the datasheet 989 TFLOPS / 132
@@ -83,7 +84,8 @@ def default_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, batch_inv
     if order is not None:
         return pinned_tactic(n, k, batch, order, gpu)
     if acts >= COMPUTE_BOUND_ROWS and not batch_invariant:
-        return shared_weight_tactic(n, k, batch, gpu) or one_wave_tactic(n, k, batch, gpu)
+        return (short_k_tactic(n, k, batch, gpu) or shared_weight_tactic(n, k, batch, gpu)
+                or one_wave_tactic(n, k, batch, gpu))
     filling = None if batch_invariant else folded_tactic(n, k, batch, gpu) or filling_tactic(n, k, batch, gpu)
     if filling is not None:
         return starting_dependents_early(filling, gpu)
@@ -188,6 +190,30 @@ def shared_weight_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> Spl
     acts = ACTIVATION_ROWS[-1] // pairs
     tactic = SplitKTactic(rows, acts, 1, max_stages(rows, acts, 1, weight_as_b=True), multicast=pairs, weight_as_b=True)
     return as_tactic(tactic) if tactic.valid and waves(tactic, n, batch, gpu) == 1 else None
+
+
+def short_k_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTactic | None:
+    """For compute-bound batches of a weight shorter than a pipeline's worth of K tiles: unsplit tiles of
+    HEURISTIC_WEIGHT_ROWS over streaming activation tiles (a half or a quarter of the batch's), in the fewest CTAs
+    that reach SHORT_K_CTA_FRACTION of the SMs (else the most), letting the next launch in as they start; else
+    None."""
+    # Each CTA loads its tiles once and writes its output tile: past a third of the SMs more CTAs only re-read the
+    # activations and write smaller tiles. In the tune timings of 1536 x 128 and 3072 x 128 at M = 96-256 (H100
+    # 2026-12-06, H200 2026-12-03/04) the grid this picks was the best or within 3% in every file that timed it,
+    # where the fullest one-wave grid (1536 x 128 M=128: 96 CTAs of 64 x 32) ran up to 1.12x the best
+    # (docs/measurements/2026-12-07-heuristic-short-k.txt).
+    if math.ceil(k / BOX_K) >= MIN_K_TILES_PER_CTA:
+        return None
+    streaming = [tile for tile in activation_tile_choices(batch) if tile < COMPUTE_BOUND_ROWS]
+    options = [o for o, one_wave in grid_options(n, batch, gpu, streaming, [1]) if one_wave]
+    if not options:
+        return None
+    target = math.ceil(SHORT_K_CTA_FRACTION * gpu.sm_count)
+    reaching = [o for o in options if o[0] >= target]
+    _, acts, _, rows = (min(reaching, key=lambda o: (o[0], -o[3])) if reaching
+                        else max(options, key=lambda o: (o[0], o[3])))
+    tactic = as_tactic(SplitKTactic(rows, acts, 1, max_stages(rows, acts, 1)))
+    return starting_dependents_early(tactic, gpu)
 
 
 def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTactic:
