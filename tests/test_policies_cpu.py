@@ -29,16 +29,18 @@ def early_start(*fields, **named) -> SplitKTactic:
 
 
 # The heuristic's H200 choices at batches 1, 16, 64 and 256: one tile per SM where N / SMs rounds to 32-192 rows,
-# folded into one warpgroup tile at batches up to 16 where N / SMs is 12-32 rows, stages of up to 40 KB, letting the next launch in as it starts (so do unsplit tiles alone on an SM); at 256 two
+# folded into one warpgroup tile at batches up to 16 where N / SMs is 12-32 rows, else split K (3 where that grid
+# keeps within half the SMs), stages of up to 40 KB, letting the next launch in as it starts (so do unsplit tiles
+# alone on an SM); at 256 two
 # 128-row activation tiles sharing each weight tile where N / 66 rounds to 48-256 rows, else the fullest grid that
 # fits in one wave, or where that tiles the batch one over the whole batch that fills 70% of the SMs (its 64-row tiles
 # in two column groups), else one weight-as-B tile per SM; where K is under a pipeline's worth, unsplit streaming
 # tiles in the fewest CTAs that reach a third of the SMs, letting the next launch in early.
 PINNED = [
-    ((2112, 7168), early_start(16, 8, 1, 4, k_boxes=4, fold=4), SplitKTactic(128, 16, 4, 6, k_boxes=2),
-     SplitKTactic(128, 64, 4, 9), SplitKTactic(64, 256, 3, 5, column_groups=2)),
-    ((2304, 1536), SplitKTactic(128, 8, 4, 6, k_boxes=2), SplitKTactic(128, 16, 4, 6, k_boxes=2),
-     SplitKTactic(128, 64, 4, 9), SplitKTactic(48, 128, 1, 10, multicast=2, weight_as_b=True)),
+    ((2112, 7168), early_start(16, 8, 1, 4, k_boxes=4, fold=4), SplitKTactic(128, 16, 3, 6, k_boxes=2),
+     SplitKTactic(128, 64, 3, 9), SplitKTactic(64, 256, 3, 5, column_groups=2)),
+    ((2304, 1536), SplitKTactic(128, 8, 3, 6, k_boxes=2), SplitKTactic(128, 16, 3, 6, k_boxes=2),
+     SplitKTactic(128, 64, 3, 9), SplitKTactic(48, 128, 1, 10, multicast=2, weight_as_b=True)),
     ((7168, 1536), early_start(56, 8, 1, 6, k_boxes=4), early_start(56, 16, 1, 5, k_boxes=4),
      early_start(56, 64, 1, 7, k_boxes=2), SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True)),
     ((1536, 7168), early_start(12, 8, 1, 4, k_boxes=4, fold=4), SplitKTactic(128, 16, 8, 6, k_boxes=2),
@@ -533,19 +535,27 @@ def test_the_tuner_still_times_what_the_one_wave_rules_turned_away_from():
                     assert with_k_boxes(pick, 1) in offered, f"{n}x{k} M={batch}"
 
 
-def test_a_streaming_pick_split_4_is_timed_next_to_its_split_3_twin():
+def test_a_streaming_pick_split_3_or_4_is_timed_next_to_its_twin_in_the_other():
+    # 2112 rows (17 tiles of 128) reach the CTA target split 3 in 51 CTAs, within half the SMs: split 3, its split-4
+    # twin (the former pick) timed next to it; 3072 rows (24 tiles) would take 72 split 3, so split 4 and its split-3
+    # twin in one-box stages.
     for gpu in KNOWN_GPUS.values():
         for batch in (16, 24, 32, 48, 64):
             pick = default_tactic(2112, 7168, batch, gpu)
+            assert pick.split == 3
+            assert replace(pick, split=4) in candidate_tactics(2112, 7168, batch, gpu, limit=12), f"M={batch}"
+        for batch in (32, 48, 64):
+            pick = default_tactic(3072, 7168, batch, gpu)
             assert pick.split == 4
             twin = SplitKTactic(pick.weight_rows, pick.activation_rows, 3,
                                 max_stages(pick.weight_rows, pick.activation_rows, 3))
-            assert twin in candidate_tactics(2112, 7168, batch, gpu, limit=12), f"M={batch}"
-    # Not under a pinned order, and not for other splits or compute-bound picks.
-    assert candidates.split_three_twins(default_tactic(2112, 7168, 24), 7168, order=(4, 2)) == []
-    assert default_tactic(1536, 7168, 16).split == 8 and candidates.split_three_twins(
+            assert twin in candidate_tactics(3072, 7168, batch, gpu, limit=12), f"M={batch}"
+    # Not under a pinned order or batch invariance, and not for other splits or compute-bound picks.
+    assert candidates.split_twins(default_tactic(2112, 7168, 24), 7168, order=(4, 2)) == []
+    assert default_tactic(2112, 7168, 24, batch_invariant=True).split == 4
+    assert default_tactic(1536, 7168, 16).split == 8 and candidates.split_twins(
         default_tactic(1536, 7168, 16), 7168) == []
-    assert candidates.split_three_twins(SplitKTactic(128, 128, 4, 4), 7168) == []
+    assert candidates.split_twins(SplitKTactic(128, 128, 4, 4), 7168) == []
 
 
 def test_padded_weight_tiles_fill_the_sms_at_streaming_batches():

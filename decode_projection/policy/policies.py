@@ -32,6 +32,7 @@ MIN_K_TILES_PER_CTA = 4  # fewer and the pipeline never fills
 HEURISTIC_SPLITS = (1, 2, 4, 8)  # the no-table rule keeps to the splits it was measured with
 HEURISTIC_WEIGHT_ROWS = (64, 128)  # and to the weight tiles it was measured with (192 is the tuner's to try)
 STREAMING_CTA_FRACTION = 0.375  # CTAs per SM that saturate HBM with deep pipelines
+SPLIT_THREE_FILL = 0.5  # the streaming rule also splits 3 where that grid keeps within this share of the SMs
 COMPUTE_BOUND_ROWS = 96  # activation tiles from here on are bound by the tensor cores
 MIN_STAGES = 3  # one-box stages: shallower pipelines never won a sweep (wide stages may go to 2)
 # A streaming stage takes as many TMA boxes of K as keep it within this: in the H200 timings the fills of
@@ -95,12 +96,24 @@ def default_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, batch_inv
     rows = HEURISTIC_WEIGHT_ROWS[-1] if math.ceil(n / HEURISTIC_WEIGHT_ROWS[-1]) * most >= target \
         else HEURISTIC_WEIGHT_ROWS[0]
     tiles = math.ceil(n / rows)
-    split = next((s for s in HEURISTIC_SPLITS if s <= most and tiles * s >= target), most)
+    splits = HEURISTIC_SPLITS if batch_invariant else streaming_splits(tiles, gpu)
+    split = next((s for s in splits if s <= most and tiles * s >= target), most)
     # Wide stages took these picks from 1.09x the best timed tactic to 1.06x (H200 tune timings, 2026-12-05: 32 of
     # 32 changed cells faster); under batch invariance they would sum in an order that depends on the batch.
     boxes = 1 if batch_invariant else streaming_boxes(rows, acts, split, k)
     tactic = as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split, boxes), k_boxes=boxes))
     return starting_dependents_early(tactic, gpu)
+
+
+def streaming_splits(tiles: int, gpu: GpuSpec = H200) -> tuple[int, ...]:
+    """The streaming rule's splits for ``tiles`` weight tiles: HEURISTIC_SPLITS, and 3 where its grid keeps within
+    SPLIT_THREE_FILL of the SMs."""
+    # 2112 x 7168 (17 tiles of 128 rows) reaches the CTA target split 3 (51 CTAs) or 4 (68): in the H200 tunes
+    # since 2026-12-03 a split-3 tile ran fastest at every M = 16-64 and the split-4 pick 1.10-1.18x behind it,
+    # and on the H100 split 3 ran 3-5% faster than 4 at M = 16, 32, 48 and 64. 3072 x 7168 (24 tiles: 72 CTAs split
+    # 3) ran 3-6% slower split 3 on the H100 at M = 32 and 64, so it keeps split 4 (96 CTAs); 2304 x 1536 (18 tiles,
+    # 54 CTAs) ran within 5% either way on both cards (docs/measurements/2026-12-07-probe-short-k-and-split-3-h100.txt).
+    return (1, 2, 3, 4, 8) if 3 * tiles <= SPLIT_THREE_FILL * gpu.sm_count else HEURISTIC_SPLITS
 
 
 def may_start_dependents_early(tactic: SplitKTactic, gpu: GpuSpec = H200) -> bool:

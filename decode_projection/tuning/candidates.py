@@ -11,7 +11,7 @@ batches the reserved slots alone exceed 8: the H200 tables were tuned with 12 to
    every slot the groups below do not reserve.
 2. WIDE_STAGE_CANDIDATES 2- and 4-box variants of the first two (and a compute-bound
    pick's one-box twin where it has wide stages), unless an order pins the split and K boxes;
-   then a streaming pick's split-3 twin where the pick splits 4 (SPLIT_THREE_CANDIDATES).
+   then a streaming pick's twin in the other of splits 3 and 4 (SPLIT_TWIN_CANDIDATES).
 3. SHARED_LOAD_CANDIDATES: the first with its activation tile multicast to 2 and 4
    weight tiles, from SHARED_LOAD_ROWS activation rows on (multicast never changes
    the sums), unless rounding the tiles up to whole groups would push a one-wave
@@ -72,10 +72,9 @@ FOLDED_CANDIDATES = 2  # slots for SM-filling tiles with K folded into one warpg
 # 0.2-0.3 us faster both ways than (56,64,2,7,2) and M=48 (56,48,2,7,2) 0.2 us faster back to back than
 # (56,48,2,8,2).
 BUFFERED_PARTIALS_CANDIDATES = 2
-# A slot for the split-3 twin (one-box stages) of a streaming pick split 4: in the four H200 tunes of 2112 x 7168
-# since 2026-12-03 a split-3 tile ran fastest at M = 16-64 and the split-4 pick 1.10-1.18x behind it, where the
-# H100's candidates held no split-3 tile to compare (docs/tactics-and-heuristic.md).
-SPLIT_THREE_CANDIDATES = 1
+# A slot for a streaming pick's twin in the other of splits 3 and 4: the heuristic chooses between them by a fill
+# fitted to three shapes (policies.streaming_splits), which every tune of such a shape keeps judging.
+SPLIT_TWIN_CANDIDATES = 1
 # A slot for the buffered twin of a split shared-weight tactic, the one that gives up the smallest share of its
 # stages: on the H200 2112 x 7168 M=256 (80,128,2,7,1,2,1,B) ran 0.85 us faster back to back and 0.55 after glue
 # than the then shipped (144,128,4,6,1,2,1,B); as the fourth shared-weight tactic in 8 stages it had no slot.
@@ -246,13 +245,18 @@ def buffered_keeping_most_stages(tactics, gpu: GpuSpec = H200) -> list[SplitKTac
     return sorted(twins, key=lambda twin: -twin.stages / depth[replace(twin, stages=0)])
 
 
-def split_three_twins(pick: SplitKTactic, k: int, order=None) -> list[SplitKTactic]:
-    """``pick``'s twin split 3 in one-box stages, where ``pick`` streams split 4 and no order pins the split."""
-    if order is not None or pick.split != 4 or pick.activation_rows >= COMPUTE_BOUND_ROWS:
+def split_twins(pick: SplitKTactic, k: int, order=None) -> list[SplitKTactic]:
+    """``pick``'s twin in the other of splits 3 and 4 where ``pick`` streams with one of them and no order pins the
+    split: split 3 in one-box stages (the form that won the H200 tunes), or split 4 in ``pick``'s own stages (the
+    streaming rule's pick where it does not split 3: policies.streaming_splits), so that the rule stays judged."""
+    if order is not None or pick.split not in (3, 4) or pick.activation_rows >= COMPUTE_BOUND_ROWS:
         return []
     rows, acts = pick.weight_rows, pick.activation_rows
-    twin = SplitKTactic(rows, acts, 3, max_stages(rows, acts, 3))
-    return [twin][:SPLIT_THREE_CANDIDATES] if twin.valid and fills_every_rank(twin, k) else []
+    if pick.split == 4:
+        twin = SplitKTactic(rows, acts, 3, max_stages(rows, acts, 3))
+    else:
+        twin = replace(pick, split=4, stages=max_stages(rows, acts, 4, pick.k_boxes))
+    return [twin][:SPLIT_TWIN_CANDIDATES] if twin.valid and fills_every_rank(twin, k) else []
 
 
 def with_k_boxes(tactic: SplitKTactic, k_boxes: int) -> SplitKTactic:
@@ -300,12 +304,12 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
         every_shared_weight = shared_weight_tactics(n, k, batch, gpu)
         shared_weight = [t for t in every_shared_weight if t not in weight_as_b][:SHARED_WEIGHT_CANDIDATES]
         shared_weight += buffered_keeping_most_stages(every_shared_weight, gpu)[:SHARED_WEIGHT_BUFFERED_CANDIDATES]
-    split_three = [t for t in split_three_twins(pick, k, order) if t not in padded + folded]
+    split_twin = [t for t in split_twins(pick, k, order) if t not in padded + folded]
     sharing = [t for t in chosen if ctas_per_sm(t, gpu) > 1]
     buffered = [t for t in buffered_partials_tactics(sharing + padded + chosen, gpu) if t not in chosen + padded]
     buffered = buffered[:BUFFERED_PARTIALS_CANDIDATES]
     reserved = SHARED_LOAD_CANDIDATES + (WIDE_STAGE_CANDIDATES if order is None else 0) + len(padded) \
-        + len(columns) + len(weight_as_b) + len(shared_weight) + len(folded) + len(buffered) + len(split_three)
+        + len(columns) + len(weight_as_b) + len(shared_weight) + len(folded) + len(buffered) + len(split_twin)
     base = chosen[: max(1, limit - reserved)]
     wide = []
     if order is None:
@@ -321,7 +325,7 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
         shared = [replace(base[0], multicast=group) for group in MULTICASTS if group not in (3, base[0].multicast)]
         shared = [t for t in shared if t.valid and fits_like(t, base[0], n, batch, gpu)]
     rest = [t for t in chosen if t not in base]
-    ordered = (base + wide + split_three + shared + padded + folded + buffered + columns + weight_as_b + shared_weight
+    ordered = (base + wide + split_twin + shared + padded + folded + buffered + columns + weight_as_b + shared_weight
                + rest)
     return list(dict.fromkeys(ordered))[:limit]  # once each: the pick may be one of the padded tiles too
 
