@@ -14,7 +14,9 @@ on a Hopper GPU, what the projection pays there and why:
    landed, exit), to set our streaming and tail beside a kernel that only reads. ``--compare-package NAME``
    stamps a changed copy's kernel next to ours; ``--tiled-weight`` ours reading a copy of the weight whose
    every weight box is contiguous (tiled_weight.py), in the timeline and the times; ``--bulk-weight`` the same
-   copy pre-swizzled and loaded by 1-D bulk copies, as the read ceiling loads, without a tensor map.
+   copy pre-swizzled and loaded by 1-D bulk copies, as the read ceiling loads, without a tensor map;
+   ``--map-variants`` ours on the row-major weight with its map's acquire, prefetch or both left out
+   (map_variants.py), in the timeline and the times.
 3. ``times``: the projection, the read ceiling and torch.matmul in the three launch contexts.
 
     python benchmarks/startup_probe.py --json startup.json
@@ -47,6 +49,7 @@ from decode_projection.policy.policies import resolve_policies
 from decode_projection.projection import PreparedProjection, kernel_arguments, matrix_view, weight_map
 from decode_projection.runtime import architecture, current_stream, to_cute
 from decode_projection.runtime.gpu import gpu_spec
+from map_variants import VARIANTS, map_variant_gemm
 from tiled_weight import layout_copy, tiled_weight_gemm, tiling_problems
 
 EVENTS = ("glue_end", "entry", "first_weight_tma", "producer_waited", "consumer_start", "first_stage_full",
@@ -453,10 +456,11 @@ def glue_durations(stamps, plain_glue):
     return results
 
 
-def context_times(plain_glue_torch, shapes=SHAPES, batches=BATCHES, layouts=()):
+def context_times(plain_glue_torch, shapes=SHAPES, batches=BATCHES, layouts=(), variants=()):
     """Projection (PDL and plain), read ceiling and torch.matmul per shape and batch, chain and after glue; for
-    each of ``layouts`` (tiled_weight.LAYOUTS) also the projection reading that copy of the weight (float64-checked
-    first), where it can."""
+    each of ``layouts`` (tiled_weight.LAYOUTS) also the projection reading that copy of the weight, where it can,
+    and for each of ``variants`` (map_variants.VARIANTS) the projection setting up its weight map that way
+    (each float64-checked first)."""
     device = torch.device("cuda")
     results = {}
     for n, k in shapes:
@@ -476,13 +480,15 @@ def context_times(plain_glue_torch, shapes=SHAPES, batches=BATCHES, layouts=()):
                 launches[f"ours {'pdl' if programmatic else 'plain'}"] = \
                     lambda i, p=projections: p[i].run(x, outs[i])
             tactic = policies[batch]
-            readable = [] if tiling_problems(tactic, n, k) else layouts
-            reference = Reference(x, weights[0], torch.bfloat16) if readable else None
-            for layout in readable:
-                gemm = layout_gemm(SplitKGemm, tactic, weights[0], layout)
-                sources = layout_copies(weights, tactic.weight_load_rows, layout, made)
+            # (the name in the times' keys, the kernel class, the weight copies it reads, their layout)
+            readers = [(LAYOUT_NAMES[layout], layout_gemm(SplitKGemm, tactic, weights[0], layout),
+                        layout_copies(weights, tactic.weight_load_rows, layout, made), layout)
+                       for layout in ([] if tiling_problems(tactic, n, k) else layouts)]
+            readers += [(variant, map_variant_gemm(SplitKGemm, variant), None, None) for variant in variants]
+            reference = Reference(x, weights[0], torch.bfloat16) if readers else None
+            for label, gemm, sources, layout in readers:
                 for programmatic in (True, False):
-                    name = f"ours {LAYOUT_NAMES[layout]} {'pdl' if programmatic else 'plain'}"
+                    name = f"ours {label} {'pdl' if programmatic else 'plain'}"
                     launch = projection_launch(gemm(tactic, programmatic), weights, sources, layout)
                     outs[0].fill_(float("nan"))
                     launch(0, x, outs[0])
@@ -514,6 +520,9 @@ def main():
     parser.add_argument("--bulk-weight", action="store_true",
                         help="the same, loading each box of a pre-swizzled tile-contiguous copy with one 1-D bulk "
                              "copy, no tensor map (tiled_weight.py's bulk layout)")
+    parser.add_argument("--map-variants", action="store_true",
+                        help="the timeline and the times also run ours with its weight map's acquire, prefetch or "
+                             "both left out (map_variants.py)")
     args = parser.parse_args()
     device = torch.device("cuda")
     print(torch.cuda.get_device_name(device), flush=True)
@@ -532,6 +541,7 @@ def main():
     results = {"gpu": torch.cuda.get_device_name(device)}
     parts = args.parts.split(",")
     layouts = [layout for layout, wanted in (("tiles", args.tiled_weight), ("bulk", args.bulk_weight)) if wanted]
+    variants = VARIANTS if args.map_variants else ()
     if "launch" in parts:
         results["launch"] = launch_probes(stamps, plain_glue, ctas)
     if "glue" in parts:
@@ -547,9 +557,12 @@ def main():
             kernels[f" {args.compare_package}"] = (theirs, None)
         for layout in layouts:
             kernels[f" {LAYOUT_SUFFIXES[layout]}"] = (SplitKGemm, layout)
+        for variant in variants:
+            kernels[f" map {variant}"] = (map_variant_gemm(SplitKGemm, variant), None)
         results["timeline"] = timelines(stamps, contexts, args.shape or SHAPES[:3], args.batches, kernels)
     if "times" in parts:
-        results["times"] = context_times(foreign_kernel(device), args.shape or SHAPES, args.batches, layouts)
+        results["times"] = context_times(foreign_kernel(device), args.shape or SHAPES, args.batches, layouts,
+                                         variants)
     if args.json:
         with open(args.json, "w") as file:
             json.dump(results, file, indent=1)

@@ -144,3 +144,24 @@ def test_bulk_copy_probe_kernel_loads_the_weight_without_a_tensor_map():
     # The activations keep their tensor map: one TMA load per activation box, where ours has the weight's too.
     assert 1 <= bulk.sass.count("UTMALDG") < ours.sass.count("UTMALDG")
     assert bulk.sass.count("UBLKCP") >= tactic.k_boxes and "UBLKCP" not in ours.sass and bulk.local_bytes == 0
+
+
+@pytest.mark.slow
+def test_weight_map_variants_leave_out_the_acquire_the_prefetch_or_both():
+    import map_variants
+
+    tactic = SplitKTactic(56, 64, 2, 7, k_boxes=2)
+    arguments = kernel_arguments(torch.bfloat16, torch.bfloat16)
+    gemms = {"ours": SplitKGemm} | {v: map_variants.map_variant_gemm(SplitKGemm, v) for v in map_variants.VARIANTS}
+    sass = {name: kernel_report(cute.compile(startup_probe.stamped_gemm(gemm)(tactic, False, ADDRESS), *arguments,
+                                             options="--gpu-arch=sm_90a")).sass
+            for name, gemm in gemms.items()}
+    # The acquire is the map's invalidation in the TMA unit (UTMACCTL.IV), the prefetch UTMACCTL.PF; the activation
+    # map's prefetch stays in every variant.
+    acquires = {name: text.count("UTMACCTL.IV") for name, text in sass.items()}
+    prefetches = {name: text.count("UTMACCTL.PF") for name, text in sass.items()}
+    assert acquires["ours"] == acquires["no-prefetch"] > acquires["no-acquire"] == acquires["neither"]
+    assert prefetches["ours"] == prefetches["no-acquire"] > prefetches["no-prefetch"] == prefetches["neither"] >= 1
+    assert all(text.count("UTMALDG") == sass["ours"].count("UTMALDG") for text in sass.values())
+    with pytest.raises(ValueError, match="not one of"):
+        map_variants.map_variant_gemm(SplitKGemm, "late")
