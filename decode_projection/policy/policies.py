@@ -13,8 +13,9 @@ starts. Compute-bound batches (activation tiles of 96 or more) want the fullest
 grid that fits in one wave, or where that tiles the batch (reading the weight
 more than once) one over the whole batch that fills most of the SMs; neighbouring
 weight tiles share each activation load where K is long enough to share; a weight
-too tall for any such grid gets one tile per SM with the weight as B. The rules
-and their evidence: docs/tactics-and-heuristic.md.
+too tall for any such grid gets one tile per SM with the weight as B, and one
+shorter than a pipeline's worth of K streaming tiles over a third of the SMs.
+The rules and their evidence: docs/tactics-and-heuristic.md.
 """
 
 import math
@@ -53,9 +54,9 @@ MOST_CTAS_PER_SM = 6  # enough for a 64-row, split-2 grid of the largest shape t
 # smaller activation tiles where it fills this share of the SMs, with these splits (3 among them: clusters of 4
 # fit only 30 at once on these cards), each rank keeping at least COVERING_TILE_K_TILES K tiles.
 COVERING_TILE_FILL = 0.7
-SHORT_K_CTA_FRACTION = 1 / 3  # the share of SMs a compute-bound grid of a weight under a pipeline's K fills
 COVERING_TILE_SPLITS = (1, 2, 3, 4, 8)
 COVERING_TILE_K_TILES = 16
+SHORT_K_CTA_FRACTION = 1 / 3  # the share of SMs a compute-bound grid of a weight under a pipeline's K fills
 SM_FLOPS_PER_US = 5.1e6  # dense BF16 wgmma per SM as fitted, ~70% of the datasheet 989 TFLOPS / 132
 SM_BYTES_PER_US = 50e3  # HBM bytes one SM pulls at most, as fitted (~50 GB/s: 132 SMs reach 6.6 TB/s)
 
@@ -212,7 +213,7 @@ def short_k_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTac
     None."""
     # Each CTA loads its tiles once and writes its output tile: past a third of the SMs more CTAs only re-read the
     # activations and write smaller tiles. In the tune timings of 1536 x 128 and 3072 x 128 at M = 96-256 (H100
-    # 2026-12-06, H200 2026-12-03/04) the grid this picks was the best or within 3% in every file that timed it,
+    # 2026-12-06, H200 2026-12-03/04) the grid this picks was the best or within 4.4% in every file that timed it,
     # where the fullest one-wave grid (1536 x 128 M=128: 96 CTAs of 64 x 32) ran up to 1.12x the best
     # (docs/measurements/2026-12-07-heuristic-short-k.txt).
     if math.ceil(k / BOX_K) >= MIN_K_TILES_PER_CTA:
