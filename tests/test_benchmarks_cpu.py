@@ -147,7 +147,7 @@ def test_bulk_copy_probe_kernel_loads_the_weight_without_a_tensor_map():
 
 
 @pytest.mark.slow
-def test_weight_map_variants_leave_out_the_acquire_the_prefetch_or_both():
+def test_weight_map_variants_leave_out_the_acquire_the_prefetch_or_both_or_pass_the_map_by_value():
     import map_variants
 
     tactic = SplitKTactic(56, 64, 2, 7, k_boxes=2)
@@ -162,6 +162,8 @@ def test_weight_map_variants_leave_out_the_acquire_the_prefetch_or_both():
     prefetches = {name: text.count("UTMACCTL.PF") for name, text in sass.items()}
     assert acquires["ours"] == acquires["no-prefetch"] > acquires["no-acquire"] == acquires["neither"]
     assert prefetches["ours"] == prefetches["no-acquire"] > prefetches["no-prefetch"] == prefetches["neither"] >= 1
+    # Passed by value, the map is prefetched and never acquired.
+    assert acquires["by-value"] == 0 and prefetches["by-value"] == prefetches["ours"]
     assert all(text.count("UTMALDG") == sass["ours"].count("UTMALDG") for text in sass.values())
     with pytest.raises(ValueError, match="not one of"):
         map_variants.map_variant_gemm(SplitKGemm, "late")
