@@ -19,7 +19,6 @@ from cutlass import utils
 from cutlass._mlir.dialects import cute as cute_ir
 from cutlass._mlir.dialects import cute_nvgpu as cute_nvgpu_ir
 from cutlass.cute.nvgpu import cpasync
-from cutlass.cute.typing import AddressSpace
 from cutlass.experimental.primitives import nvvm_wrapper as nvvm
 
 from decode_projection.kernel.tactic import BOX_K
@@ -68,7 +67,7 @@ def by_value_map_gemm(base):
         @staticmethod
         def weight_descriptor(weight_map):
             """The generic address of the map among the kernel's parameters."""
-            pointer = cute_ir.PtrType.get(cute_nvgpu_ir.TmaDescriptorTiledType.get(), AddressSpace.generic, 64)
+            pointer = cute_ir.PtrType.get(cute_nvgpu_ir.TmaDescriptorTiledType.get(), cute.AddressSpace.generic, 64)
             return cute_nvgpu_ir.get_tma_desc_addr(pointer, cute_nvgpu_ir.atom_make_exec_tma(weight_map._trait.value))
 
         @cute.jit
