@@ -15,8 +15,8 @@ on a Hopper GPU, what the projection pays there and why:
    stamps a changed copy's kernel next to ours; ``--tiled-weight`` ours reading a copy of the weight whose
    every weight box is contiguous (tiled_weight.py), in the timeline and the times; ``--bulk-weight`` the same
    copy pre-swizzled and loaded by 1-D bulk copies, as the read ceiling loads, without a tensor map;
-   ``--map-variants`` ours on the row-major weight with its map's acquire, prefetch or both left out
-   (map_variants.py), in the timeline and the times.
+   ``--map-variants`` ours on the row-major weight with its map's acquire, prefetch or both left out, or the map
+   passed by value (map_variants.py), in the timeline and the times.
 3. ``times``: the projection, the read ceiling and torch.matmul in the three launch contexts.
 
     python benchmarks/startup_probe.py --json startup.json
@@ -522,7 +522,7 @@ def main():
                              "copy, no tensor map (tiled_weight.py's bulk layout)")
     parser.add_argument("--map-variants", action="store_true",
                         help="the timeline and the times also run ours with its weight map's acquire, prefetch or "
-                             "both left out (map_variants.py)")
+                             "both left out, and with the map passed by value (map_variants.py)")
     args = parser.parse_args()
     device = torch.device("cuda")
     print(torch.cuda.get_device_name(device), flush=True)

@@ -114,7 +114,7 @@ def streaming_splits(tiles: int, gpu: GpuSpec = H200) -> tuple[int, ...]:
     # and on the H100 split 3 ran 3-5% faster than 4 at M = 16, 32, 48 and 64. 3072 x 7168 (24 tiles: 72 CTAs split
     # 3) ran 3-6% slower split 3 on the H100 at M = 32 and 64, so it keeps split 4 (96 CTAs); 2304 x 1536 (18 tiles,
     # 54 CTAs) ran within 5% either way on both cards (docs/measurements/2026-12-07-probe-short-k-and-split-3-h100.txt).
-    return (1, 2, 3, 4, 8) if 3 * tiles <= SPLIT_THREE_FILL * gpu.sm_count else HEURISTIC_SPLITS
+    return tuple(sorted({*HEURISTIC_SPLITS, 3})) if 3 * tiles <= SPLIT_THREE_FILL * gpu.sm_count else HEURISTIC_SPLITS
 
 
 def may_start_dependents_early(tactic: SplitKTactic, gpu: GpuSpec = H200) -> bool:
