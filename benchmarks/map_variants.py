@@ -41,7 +41,7 @@ def map_variant_gemm(base, variant: str):
             """The weight map's acquire and prefetch, each only where the variant keeps it."""
             descriptor = self.weight_descriptor(weight_map)
             if cutlass.const_expr(acquire):
-                nvvm.fence_proxy_acquire("gpu", descriptor, 128)
+                nvvm.fence_proxy_acquire("sys", descriptor, 128)
             if cutlass.const_expr(prefetch):
                 if nvvm.elect_sync():
                     nvvm.prefetch_tensormap(descriptor)

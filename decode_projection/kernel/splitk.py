@@ -415,10 +415,11 @@ class SplitKGemm:
 
     @cute.jit
     def prefetch_weight_map(self, weight_map):
-        """The producer warp's acquire of the weight's map (a host copy wrote it) for the tensormap proxy, and its
-        prefetch."""
+        """The producer warp's acquire of the weight's map for the tensormap proxy, and its prefetch. A host copy
+        wrote the map, so the acquire's scope is the system's, as the CUDA programming guide's TMA section asks
+        (on sm_90a both scopes compile to the same UTMACCTL.IV)."""
         descriptor = self.weight_descriptor(weight_map)
-        nvvm.fence_proxy_acquire("gpu", descriptor, 128)
+        nvvm.fence_proxy_acquire("sys", descriptor, 128)
         if nvvm.elect_sync():
             nvvm.prefetch_tensormap(descriptor)
 
