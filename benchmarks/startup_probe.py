@@ -12,17 +12,13 @@ on a Hopper GPU, what the projection pays there and why:
    epilogue start and exit, per CTA, after the plain glue, after a PDL glue and after the plain glue then
    PyTorch's ``add_``; and the read ceiling's kernel stamped the same way (entry, its first and last chunk
    landed, exit), to set our streaming and tail beside a kernel that only reads. ``--compare-package NAME``
-   stamps a changed copy's kernel next to ours; ``--tiled-weight`` ours reading a copy of the weight whose
-   every weight box is contiguous (tiled_weight.py), in the timeline and the times; ``--bulk-weight`` the same
-   copy pre-swizzled and loaded by 1-D bulk copies, as the read ceiling loads, without a tensor map;
-   ``--map-variants`` ours on the row-major weight with its map's acquire, prefetch or both left out, or the map
-   passed by value (map_variants.py), in the timeline and the times.
+   stamps a changed copy's kernel next to ours. (The tile-contiguous, bulk-copied and weight-map variants of
+   docs/launch-contexts.md were probed with this script as of commit fa6ce36.)
 3. ``times``: the projection, the read ceiling and torch.matmul in the three launch contexts.
 
     python benchmarks/startup_probe.py --json startup.json
     python benchmarks/startup_probe.py --parts timeline,times --shape 1536x128 --shape 7168x768 --batches 1,32,64
     python benchmarks/startup_probe.py --parts timeline --compare-package decode_projection_changed --batches 1
-    python benchmarks/startup_probe.py --parts timeline,times --tiled-weight --shape 7168x768 --batches 1,64
 
 Every stamp is relative to the end of the previous kernel's last CTA (the glue's), in microseconds, as
 medians over replays of a CUDA graph of repeated pairs rotating through weight copies worth over 3x the L2 (the
@@ -43,14 +39,11 @@ from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 from decode_projection.cli_args import batch_list, shape
 from decode_projection.kernel.splitk import SplitKGemm
 from decode_projection.measure.ceiling import StreamRead, byte_view, fake_bytes, stream_read
-from decode_projection.measure.checks import Reference
 from decode_projection.measure.timing import cold_copies, foreign_kernel, interleaved_time_us
 from decode_projection.policy.policies import resolve_policies
-from decode_projection.projection import PreparedProjection, kernel_arguments, matrix_view, weight_map
+from decode_projection.projection import PreparedProjection, kernel_arguments, matrix_view
 from decode_projection.runtime import architecture, current_stream, to_cute
 from decode_projection.runtime.gpu import gpu_spec
-from map_variants import VARIANTS, map_variant_gemm
-from tiled_weight import layout_copy, tiled_weight_gemm, tiling_problems
 
 EVENTS = ("glue_end", "entry", "first_weight_tma", "producer_waited", "consumer_start", "first_stage_full",
           "epilogue", "exit", "next_start", "glue_start")
@@ -61,8 +54,6 @@ SLOTS = 4096  # CTAs stamped per event
 GLUE_ELEMENTS = 4096  # what the benchmark's glue kernel touches (timing.foreign_kernel)
 SHAPES = ((7168, 768), (7168, 1536), (2112, 7168), (20480, 7168))  # times; the timeline stamps the first three
 BATCHES = (1, 64)
-LAYOUT_NAMES = {"tiles": "tiled", "bulk": "bulk"}  # in the times' keys: "ours tiled pdl", "ours bulk plain"
-LAYOUT_SUFFIXES = {"tiles": "tile-contiguous", "bulk": "bulk-copied"}  # in the timelines' keys
 
 
 def stamp_pointer(address, event):
@@ -235,60 +226,24 @@ def stamped_read(address, weights):
     return lambda i: code(views[i], ctas, current_stream(device))
 
 
-def layout_copies(weights, rows, layout, made):
-    """The ``layout`` copies (tiled_weight.layout_copy) of ``weights`` for tiles of ``rows`` rows, made once per
-    ``made`` dict."""
-    if (layout, rows) not in made:
-        made[layout, rows] = [layout_copy(w, rows, layout) for w in weights]
-    return made[layout, rows]
-
-
-def projection_launch(kernel, weights, sources=None, layout=None):
-    """``launch(i, x, out)``: ``kernel`` (a SplitKGemm) compiled, on weight copy ``i``, through a map of it as
-    ``prepare()`` writes it or of ``sources[i]`` (its ``layout`` copy, tiled_weight.py; the ``bulk`` layout's
-    kernel takes the copy's address where the others take a map's)."""
+def projection_launch(kernel, weights):
+    """``launch(i, x, out)``: ``kernel`` (a SplitKGemm) compiled, on weight copy ``i`` (whose map each launch
+    encodes)."""
     device = weights[0].device
     code = cute.compile(kernel, *kernel_arguments(weights[0].dtype, torch.bfloat16),
                         options=f"--gpu-arch={architecture(device)}")
-    views = [matrix_view(w) for w in weights]  # the kernel reads only their extents
-    sources = sources or weights
-    if layout == "bulk":
-        maps = None
-        addresses = [cutlass.Int64(source.data_ptr()) for source in sources]
-    else:
-        maps = [weight_map(source, kernel.tactic.weight_load_rows) for source in sources]
-        addresses = [cutlass.Int64(m.data_ptr()) for m in maps]
+    views = [matrix_view(w) for w in weights]
 
     def launch(i, x, out):
-        code(views[i], matrix_view(x), matrix_view(out, output=True), addresses[i], current_stream(device))
-
-    def warm_map(i):
-        """Read copy ``i``'s weight map through L2 (a reduction kernel), so that its TMA finds it there."""
-        maps[i].sum()
-    launch.keep = (maps, sources)
-    launch.warm_map = None if maps is None else warm_map
+        code(views[i], matrix_view(x), matrix_view(out, output=True), current_stream(device))
+    launch.keep = weights
     return launch
 
 
-def layout_gemm(gemm, tactic, weight, layout):
-    """``gemm``, or its subclass reading the ``layout`` copy of ``weight`` (tiled_weight.LAYOUTS; a ValueError says
-    why ``tactic`` cannot)."""
-    if layout is None:
-        return gemm
-    problems = tiling_problems(tactic, *weight.shape)
-    if problems:
-        raise ValueError(f"{tactic.label} cannot read a tile-contiguous weight: it needs {'; '.join(problems)}")
-    return tiled_weight_gemm(gemm, weight.shape[1], layout)
-
-
-def stamped_projection(address, weights, tactic, programmatic, gemm=SplitKGemm, layout=None, made=None):
+def stamped_projection(address, weights, tactic, programmatic, gemm=SplitKGemm):
     """``launch(i, x, out)``: ``tactic`` compiled with stamps, on weight copy ``i``; ``gemm``: the kernel class
-    stamped (a changed copy's SplitKGemm of the same signature, say, which takes the tactic by field name);
-    ``layout``: read the weights' copies of that layout instead, made once per ``made`` dict where one is given."""
-    made = {} if made is None else made
-    gemm = layout_gemm(gemm, tactic, weights[0], layout)
-    sources = None if layout is None else layout_copies(weights, tactic.weight_load_rows, layout, made)
-    return projection_launch(stamped_gemm(gemm)(tactic.to_dict(), programmatic, address), weights, sources, layout)
+    stamped (a changed copy's SplitKGemm of the same signature, say, which takes the tactic by field name)."""
+    return projection_launch(stamped_gemm(gemm)(tactic.to_dict(), programmatic, address), weights)
 
 
 def replay_stamps(stamps, pair, copies=1, repeats=20, after=None):
@@ -358,20 +313,16 @@ def fmt(triple):
 def timelines(stamps, contexts, shapes=SHAPES[:3], batches=BATCHES, kernels=None):
     """Per shape, the read ceiling's stamped timeline in each context, then the projection's per batch, launch
     flag and context. ``contexts`` maps a name to (the glue before, the same glue after, stamping ``next_start``).
-    ``kernels`` maps a suffix of the results' keys to (a SplitKGemm class, the weight layout it reads: None, or
-    one of tiled_weight.LAYOUTS): by default ours alone, with the weight map warm in L2 as a variant; a changed
-    copy's kernel, or ours on a tile-contiguous weight, next to ours is stamped in turn in each context (skipped,
-    and said, where the cell's tactic cannot read that weight)."""
+    ``kernels`` maps a suffix of the results' keys to a SplitKGemm class: by default ours alone; a changed copy's
+    kernel next to ours is stamped in turn in each context."""
     device = stamps.device
-    kernels = kernels or {"": (SplitKGemm, None)}
-    comparing = len(kernels) > 1
+    kernels = kernels or {"": SplitKGemm}
     results = {}
     for n, k in shapes:
         weights = [torch.randn(n, k, device=device).to(torch.bfloat16) for _ in range(cold_copies(n * k * 2, device))]
         policies, _ = resolve_policies(n, k, batches, gpu=gpu_spec(device), weight_dtype=torch.bfloat16,
                                        output_dtype=torch.bfloat16)
         read = stamped_read(stamps.data_ptr(), weights)
-        made = {}  # tile-contiguous copies per layout and tile height, made once per shape
         for before, (glue, trailing) in contexts.items():
             key = f"{n}x{k} read ceiling after {before}"
             results[key] = replay_stamps(stamps, lambda i: (glue(), read(i)), len(weights), after=trailing)
@@ -383,11 +334,8 @@ def timelines(stamps, contexts, shapes=SHAPES[:3], batches=BATCHES, kernels=None
             reference = x.double() @ weights[0].double().T
             for programmatic in (True, False):
                 launches = {}
-                for suffix, (gemm, layout) in kernels.items():
-                    if layout and tiling_problems(tactic, n, k):
-                        print(f"{n}x{k} M={batch}{suffix}: skipped, {tactic.label} cannot read it", flush=True)
-                        continue
-                    launch = stamped_projection(stamps.data_ptr(), weights, tactic, programmatic, gemm, layout, made)
+                for suffix, gemm in kernels.items():
+                    launch = stamped_projection(stamps.data_ptr(), weights, tactic, programmatic, gemm)
                     out.fill_(float("nan"))
                     launch(0, x, out)
                     torch.cuda.synchronize()
@@ -401,16 +349,6 @@ def timelines(stamps, contexts, shapes=SHAPES[:3], batches=BATCHES, kernels=None
                         results[key] = replay_stamps(stamps, lambda i: (glue(), launch(i, x, out)), len(weights),
                                                      after=trailing)
                         show(key, results[key])
-                if not comparing:
-                    # The same after the plain glue, with the weight map read into L2 just before the glue: is the
-                    # TMA's fetch of a map in device memory on the critical path? (Left out when comparing kernels,
-                    # to keep the run short.)
-                    glue, trailing = contexts["glue"]
-                    ours = launches[""]
-                    key = f"{name} after glue, map in L2"
-                    results[key] = replay_stamps(stamps, lambda i: (ours.warm_map(i), glue(), ours(i, x, out)),
-                                                 len(weights), after=trailing)
-                    show(key, results[key])
     return results
 
 
@@ -456,19 +394,13 @@ def glue_durations(stamps, plain_glue):
     return results
 
 
-def context_times(plain_glue_torch, shapes=SHAPES, batches=BATCHES, layouts=(), variants=()):
-    """Projection (PDL and plain), read ceiling and torch.matmul per shape and batch, chain and after glue; for
-    each of ``layouts`` (tiled_weight.LAYOUTS) also the projection reading that copy of the weight, where it can,
-    and for each of ``variants`` (map_variants.VARIANTS) the projection setting up its weight map that way
-    (each float64-checked first)."""
+def context_times(plain_glue_torch, shapes=SHAPES, batches=BATCHES):
+    """Projection (PDL and plain), read ceiling and torch.matmul per shape and batch, chain and after glue."""
     device = torch.device("cuda")
     results = {}
     for n, k in shapes:
         copies = cold_copies(n * k * 2, device)
         weights = [torch.randn(n, k, device=device).to(torch.bfloat16) for _ in range(copies)]
-        policies, _ = resolve_policies(n, k, batches, gpu=gpu_spec(device), weight_dtype=torch.bfloat16,
-                                       output_dtype=torch.bfloat16)
-        made = {}  # tile-contiguous copies per layout and tile height, made once per shape
         for batch in batches:
             x = torch.randn(batch, k, device=device).to(torch.bfloat16)
             outs = [torch.empty(batch, n, device=device, dtype=torch.bfloat16) for _ in range(copies)]
@@ -479,21 +411,6 @@ def context_times(plain_glue_torch, shapes=SHAPES, batches=BATCHES, layouts=(), 
                                for w in weights]
                 launches[f"ours {'pdl' if programmatic else 'plain'}"] = \
                     lambda i, p=projections: p[i].run(x, outs[i])
-            tactic = policies[batch]
-            # (the name in the times' keys, the kernel class, the weight copies it reads, their layout)
-            readers = [(LAYOUT_NAMES[layout], layout_gemm(SplitKGemm, tactic, weights[0], layout),
-                        layout_copies(weights, tactic.weight_load_rows, layout, made), layout)
-                       for layout in ([] if tiling_problems(tactic, n, k) else layouts)]
-            readers += [(variant, map_variant_gemm(SplitKGemm, variant), None, None) for variant in variants]
-            reference = Reference(x, weights[0], torch.bfloat16) if readers else None
-            for label, gemm, sources, layout in readers:
-                for programmatic in (True, False):
-                    name = f"ours {label} {'pdl' if programmatic else 'plain'}"
-                    launch = projection_launch(gemm(tactic, programmatic), weights, sources, layout)
-                    outs[0].fill_(float("nan"))
-                    launch(0, x, outs[0])
-                    reference.check(outs[0], label=f"{n}x{k} M={batch} {tactic.label} {name}")
-                    launches[name] = lambda i, launch=launch: launch(i, x, outs[i])
             for context, separator in (("chain", None), ("glue", plain_glue_torch)):
                 separators = None if separator is None else dict.fromkeys(launches, separator)
                 times = interleaved_time_us(launches, copies, separators=separators)
@@ -514,15 +431,6 @@ def main():
     parser.add_argument("--compare-package", metavar="NAME",
                         help="the timeline also stamps the kernel of a changed copy of the package importable as NAME "
                              "(its folder renamed), next to ours in each context")
-    parser.add_argument("--tiled-weight", action="store_true",
-                        help="the timeline and the times also run ours on a tile-contiguous copy of each weight "
-                             "(tiled_weight.py), where the cell's tactic can read one")
-    parser.add_argument("--bulk-weight", action="store_true",
-                        help="the same, loading each box of a pre-swizzled tile-contiguous copy with one 1-D bulk "
-                             "copy, no tensor map (tiled_weight.py's bulk layout)")
-    parser.add_argument("--map-variants", action="store_true",
-                        help="the timeline and the times also run ours with its weight map's acquire, prefetch or "
-                             "both left out, and with the map passed by value (map_variants.py)")
     args = parser.parse_args()
     device = torch.device("cuda")
     print(torch.cuda.get_device_name(device), flush=True)
@@ -540,8 +448,6 @@ def main():
     ctas = torch.cuda.get_device_properties(device).multi_processor_count
     results = {"gpu": torch.cuda.get_device_name(device)}
     parts = args.parts.split(",")
-    layouts = [layout for layout, wanted in (("tiles", args.tiled_weight), ("bulk", args.bulk_weight)) if wanted]
-    variants = VARIANTS if args.map_variants else ()
     if "launch" in parts:
         results["launch"] = launch_probes(stamps, plain_glue, ctas)
     if "glue" in parts:
@@ -551,18 +457,13 @@ def main():
         torch_glue = foreign_kernel(device)
         contexts = {"glue": (plain_glue, glue(False, True)), "pdl-glue": (glue(True), glue(True, True)),
                     "glue, then PyTorch's add_": (lambda: (plain_glue(), torch_glue()), glue(False, True))}
-        kernels = {"": (SplitKGemm, None)}
+        kernels = {"": SplitKGemm}
         if args.compare_package:
-            theirs = importlib.import_module(f"{args.compare_package}.kernel.splitk").SplitKGemm
-            kernels[f" {args.compare_package}"] = (theirs, None)
-        for layout in layouts:
-            kernels[f" {LAYOUT_SUFFIXES[layout]}"] = (SplitKGemm, layout)
-        for variant in variants:
-            kernels[f" map {variant}"] = (map_variant_gemm(SplitKGemm, variant), None)
+            kernels[f" {args.compare_package}"] = importlib.import_module(
+                f"{args.compare_package}.kernel.splitk").SplitKGemm
         results["timeline"] = timelines(stamps, contexts, args.shape or SHAPES[:3], args.batches, kernels)
     if "times" in parts:
-        results["times"] = context_times(foreign_kernel(device), args.shape or SHAPES, args.batches, layouts,
-                                         variants)
+        results["times"] = context_times(foreign_kernel(device), args.shape or SHAPES, args.batches)
     if args.json:
         with open(args.json, "w") as file:
             json.dump(results, file, indent=1)

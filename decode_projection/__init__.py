@@ -19,7 +19,7 @@ import sys
 from .kernel.activation import silu_and_mul
 from .kernel.norm import fused_add_rms_norm, rms_norm
 from .kernel.tactic import SplitKTactic
-from .projection import PreparedProjection, compile_projection, matrix_view, weight_map
+from .projection import PreparedProjection, compile_projection, matrix_view
 
 __version__ = "0.2.0.dev0"
 
@@ -33,7 +33,6 @@ __all__ = [
     "rms_norm",
     "silu_and_mul",
     "swap_linears",
-    "weight_map",
 ]
 
 # Old name -> where the module lives now. ``decode_projection.splitk`` is the module object

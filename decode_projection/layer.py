@@ -37,9 +37,9 @@ _registry = weakref.WeakValueDictionary()
 _handles = itertools.count(1)
 
 RECAPTURE_WARNING = (
-    "ProjectionLinear prepared a new projection for a weight of another shape, dtype or device: CUDA graphs "
-    "captured before still launch the old kernels with descriptors of the old weight, which is no longer kept; "
-    "capture them again before they replay"
+    "ProjectionLinear prepared a new projection for a weight of new storage: CUDA graphs captured before still "
+    "launch the old kernels with the old weight's map, and the old weight is no longer kept; capture them again "
+    "before they replay"
 )
 
 
@@ -161,12 +161,11 @@ class ProjectionLinear(nn.Module):
 
     The layer prepares again on its own after ``.to()``, ``.half()``, weight
     assignment and ``load_state_dict(assign=True)``, and at its next eager call
-    after ``weight.data = ...``. A new weight of the same shape and dtype on the
-    same device is written into the descriptors the layer's kernels already use,
-    so a CUDA graph captured before computes with it, as one over ``nn.Linear``
-    does. A weight of another shape, dtype or device gets a new projection: CUDA
-    graphs captured before must be captured again (the layer warns where its
-    kernel had run). A ``DECODE_PROJECTION_TABLES`` that names no usable table
+    after ``weight.data = ...``. New values copied into the weight in place
+    (``weight.data.copy_(...)``, ``load_state_dict`` without ``assign``) reach
+    CUDA graphs captured before, as they do over ``nn.Linear``. A weight of new
+    storage gets a new projection: CUDA graphs captured before must be captured
+    again (the layer warns where its kernel had run). A ``DECODE_PROJECTION_TABLES`` that names no usable table
     raises.
     """
 
@@ -237,8 +236,8 @@ class ProjectionLinear(nn.Module):
     def prepare(self):
         """(Re)build the prepared projection for the weight as it is now; CPU or unsupported: none.
 
-        The projection is prepared again in place where the weight keeps its shape, dtype and device (CUDA graphs
-        captured before then compute with the new weight), else replaced (see the class docstring).
+        The projection is prepared again in place where the weight and bias keep their storage (CUDA graphs
+        captured before stay right), else replaced (see the class docstring).
         """
         weight = self.weight.data
         self.unsupported = None
@@ -261,9 +260,9 @@ class ProjectionLinear(nn.Module):
         try:
             if self.gated_rows is not None:
                 policies = gated_policies(policies, weight)
-            # In place only where graphs captured before stay right: the same weight layout (its maps are rewritten)
-            # and the same bias storage (its pointer is an argument of every captured launch).
-            if (current is not None and current._layout(weight) == current._layout(current.weight)
+            # In place only where graphs captured before stay right: the same weight and bias storage (the weight's
+            # map and the bias pointer are arguments of every captured launch).
+            if (current is not None and same_storage(weight, current.weight)
                     and same_storage(bias, current.bias)):
                 current.weight, current.policies, current.bias = weight, policies, bias
                 current.output_dtype, current.programmatic_launch = self.output_dtype, self.programmatic_launch
@@ -281,8 +280,7 @@ class ProjectionLinear(nn.Module):
         """Drop the current projection for ``replacement`` (or None), warning where CUDA graphs may hold it."""
         current = self.prepared
         if current is not None and current is not replacement:
-            # Its descriptors are never reused while launches may read them, but the old weight goes back to the
-            # caching allocator with it, whatever stream a queued launch reads it on.
+            # The old weight goes back to the caching allocator with it, whatever stream a queued launch reads it on.
             torch.cuda.synchronize(current.device)
             if self._launched:
                 warnings.warn(RECAPTURE_WARNING, stacklevel=2)

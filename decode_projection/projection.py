@@ -10,11 +10,9 @@ allocates nothing, never synchronizes and can be captured in a CUDA graph.
 
 import logging
 import threading
-import weakref
 from functools import cache
 from typing import NamedTuple
 
-import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import torch
@@ -22,13 +20,10 @@ from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 from torch.autograd.graph import increment_version
 
 from .kernel.splitk import SplitKGemm
-from .kernel.tactic import BOX_K, GATE_GROUP_ROWS, as_tactic, gated_problems
+from .kernel.tactic import GATE_GROUP_ROWS, as_tactic, gated_problems
 from .policy.policies import gated_tactic, resolve_policies
 from .policy.tables import dtype_name
-from .runtime import (
-    TensorMapSpec, architecture, capturing, compile_lock, current_stream, describe, overlaps, tensor_map_slots,
-    tensor_maps, to_cute, write_tensor_map,
-)
+from .runtime import architecture, capturing, compile_lock, current_stream, describe, overlaps, to_cute
 from .runtime.disk_cache import cached_compile
 from .runtime.gpu import gpu_spec
 
@@ -89,7 +84,7 @@ def check_launch_options(output_dtype, programmatic_launch):
 
 
 def kernel_arguments(weight_dtype, output_dtype, epilogue=NO_EPILOGUE) -> tuple:
-    """The symbolic arguments every projection kernel is compiled for: weight, activations, output, map, stream,
+    """The symbolic arguments every projection kernel is compiled for: weight, activations, output, stream,
     and with an epilogue the residual (laid out as the output, None without one) and the bias vector (or None)."""
     operand = WEIGHT_DTYPES[weight_dtype]
 
@@ -107,7 +102,6 @@ def kernel_arguments(weight_dtype, output_dtype, epilogue=NO_EPILOGUE) -> tuple:
         fake(operand, output=False),
         fake(operand, output=False),
         fake(OUTPUT_DTYPES[output_dtype], output=True),
-        cutlass.Int64(0),
         make_fake_stream(),
     )
     if epilogue == NO_EPILOGUE:
@@ -160,35 +154,6 @@ def matrix_view(tensor, *, output=False):
         tensor = tensor.detach()
     result = to_cute(tensor.as_strided(shape, stride), assumed_align=align)
     return result.mark_layout_dynamic(leading_dim=0 if output else 1)
-
-
-# 128 B, not 256 B: each box row is exactly 128 B, and the wider promotion streamed 2-8% slower
-# on the H200 with the same DRAM bytes (docs/measurements/2026-12-02-l2-promotion-h200.txt).
-L2_PROMOTION = cuda.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B
-
-
-def weight_map(weight, rows, l2_promotion=L2_PROMOTION):
-    """Device TMA map of ``weight`` [N, K] (row pitch kept): box {64, rows}, SW128, L2 promotion 128 B by default.
-
-    The map is a tensor of the caching allocator: keep it alive until the launches that read it have finished
-    (``record_stream`` for those on other streams), as for any tensor a kernel reads.
-    """
-    return tensor_maps([weight_map_spec(weight, rows, l2_promotion)], weight.device)
-
-
-def weight_map_spec(weight, rows, l2_promotion=L2_PROMOTION) -> TensorMapSpec:
-    """The TMA map spec of ``weight`` [N, K] for loads of ``rows`` rows (weight_map)."""
-    check_weight(weight)
-    types = cuda.CUtensorMapDataType
-    dtype = {
-        torch.bfloat16: types.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-        torch.float16: types.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-    }[weight.dtype]
-    swizzle = cuda.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B
-    n, k = weight.shape
-    # A single row's pitch is never used, and PyTorch may report any stride there.
-    pitch = weight.stride(0) * weight.element_size() if n > 1 else -(-k // 8) * 16
-    return TensorMapSpec(weight.data_ptr(), dtype, (k, n), (pitch,), (BOX_K, rows), swizzle, l2_promotion)
 
 
 # A compiled function loads its module on the device current at its first call
@@ -372,7 +337,6 @@ class _Launchable(NamedTuple):
     storage: tuple  # PreparedProjection._storage(weight) as prepared
     weight_view: object
     kernels: dict  # batch -> compiled kernel
-    extra: dict  # batch -> the kernel's extra arguments: the device address of the weight's map
     output_dtype: torch.dtype
     device: torch.device
     epilogue: Epilogue
@@ -396,18 +360,14 @@ class PreparedProjection:
     that writes the weight and triggers its dependents early must not come just
     before ``run`` (launch with ``programmatic_launch=False`` there).
 
-    The weight's TMA descriptors live in device slots that nothing else reuses
-    before the device has finished every launch queued while this projection
-    lived: dropping it with launches queued on any stream is safe. A CUDA graph
-    that captured ``run`` holds the descriptors' addresses: keep the projection
-    alive while the graph may replay. ``prepare()`` keeps those addresses for
-    the projection's lifetime. A new weight of the same shape and dtype on the
-    same device is written into the same descriptors, so graphs captured before
-    compute with it, as a graph over ``nn.Linear`` does after a weight is copied
-    in place. A weight of another shape, dtype or device gets descriptors of its
-    own; the old descriptors and the old weight stay alive until the projection
-    dies, and graphs captured before keep computing with the old weight:
-    capture them again.
+    Every launch encodes the weight's TMA map and passes it by value, as it
+    does the activations'. A CUDA graph that captured ``run`` holds the map of
+    the weight's storage at capture: new values copied into that storage in
+    place reach it, as they reach a graph over ``nn.Linear``. A weight of new
+    storage (assigned, or loaded with ``assign=True``) needs ``prepare()`` and
+    graphs captured again; the projection keeps the weights it was prepared
+    for alive until it dies, so graphs captured before go on computing with the
+    old weight rather than reading freed memory.
 
     ``run`` and ``prepare`` may be called from several threads: a ``run`` while
     another thread prepares raises a ValueError saying the projection is not
@@ -435,12 +395,7 @@ class PreparedProjection:
         self._launchable = None
         self._launch_lock = threading.Lock()  # held by run() while it checks and launches
         self._prepare_lock = threading.Lock()  # one prepare() at a time
-        self._maps = {}  # rows -> the slot holding the weight's map for loads of that many rows
-        self._mapped_weight = None  # the weight those maps describe
-        self._superseded_weights = []  # weights of another shape, dtype or device that earlier maps describe
-        self._slots = []  # every slot this projection took, handed back when it dies
-        # Not at exit: the process's device memory goes with it.
-        weakref.finalize(self, tensor_map_slots.give_back, self._slots).atexit = False
+        self._prepared_weights = []  # every weight a prepare() took: graphs captured since may read any of them
 
     def _validate(self):
         """Raise unless the kernel takes the weight, output dtype, launch flag and policies; ``policies`` become
@@ -521,30 +476,23 @@ class PreparedProjection:
         return launchable.kernels if launchable is not None else {}
 
     @property
-    def extra(self) -> dict:
-        """``{batch: the kernel's extra arguments}`` (the weight map's device address) of the last ``prepare()``."""
-        launchable = self._launchable
-        return launchable.extra if launchable is not None else {}
-
-    @property
     def weight_view(self):
         """The weight as the kernel takes it, as of the last completed ``prepare()`` (None before one)."""
         launchable = self._launchable
         return launchable.weight_view if launchable is not None else None
 
     def prepare(self):
-        """Compile (or fetch) each batch's kernel and write the weight's device TMA maps, all or nothing.
+        """Compile (or fetch) each batch's kernel, all or nothing.
 
-        A re-prepare (after ``weight`` or ``policies`` changed) checks them as the constructor does. The maps
-        keep their addresses (see the class docstring): a weight of the same shape, dtype and device is written
-        into them, after the device has finished the launches that may read them.
+        A re-prepare (after ``weight`` or ``policies`` changed) checks them as the constructor does; graphs captured
+        before keep the weight they captured (see the class docstring).
         """
         if capturing():
             raise RuntimeError("prepare() cannot run while this stream captures a CUDA graph: it may wait for "
                                "the device; prepare before capturing")
         with self._prepare_lock:
             with self._launch_lock:
-                # Until this prepare completes, run() refuses: the maps may be rewritten, the kernels replaced.
+                # Until this prepare completes, run() refuses: the kernels may be replaced.
                 self._launchable = None
             self._validate()
             self.device = self.weight.device
@@ -557,52 +505,23 @@ class PreparedProjection:
                                           epilogue)
                 _claim_device(code, self.device)
                 kernels[batch] = code
-            addresses = self._write_maps()
-            extra = {batch: (cutlass.Int64(addresses[tactic.weight_load_rows]),)
-                     for batch, tactic in self.policies.items()}
+            if not any(weight is self.weight for weight in self._prepared_weights):
+                self._prepared_weights.append(self.weight)
             bias_view = None if self.bias is None else vector_view(self.bias)
             self._launchable = _Launchable(self.weight, self._storage(self.weight), matrix_view(self.weight),
-                                           kernels, extra, self.output_dtype, self.device, epilogue, self.bias,
+                                           kernels, self.output_dtype, self.device, epilogue, self.bias,
                                            None if self.bias is None else self._storage(self.bias), bias_view,
                                            None if self.bias is None else self.bias.detach().unsqueeze(0),
                                            self.gated_rows or self.weight.shape[0])
         return self
 
-    def _write_maps(self) -> dict:
-        """``{rows: device address}`` of the weight's maps for every tactic's loads, written in place where the
-        weight keeps the shape, dtype and device of the weight the maps describe."""
-        weight, mapped = self.weight, self._mapped_weight
-        if self._maps and self._layout(weight) != self._layout(mapped):
-            # Kernels compiled for the old weight read these maps in graphs captured before: the maps and the
-            # weight they describe stay as they are until this projection dies.
-            self._superseded_weights.append(mapped)
-            self._maps = {}
-        if self._maps and self._storage(weight) != self._storage(mapped):
-            # Launches on any stream may still read the maps about to be rewritten.
-            torch.cuda.synchronize(self.device)
-            for rows, slot in self._maps.items():  # also those of earlier policies: their graphs may replay
-                write_tensor_map(slot, weight_map_spec(weight, rows))
-        for rows in {tactic.weight_load_rows for tactic in self.policies.values()} - self._maps.keys():
-            slot = tensor_map_slots.take(self.device)
-            self._slots.append(slot)
-            write_tensor_map(slot, weight_map_spec(weight, rows))
-            self._maps[rows] = slot
-        self._mapped_weight = weight
-        return {rows: slot.data_ptr() for rows, slot in self._maps.items()}
-
-    @staticmethod
-    def _layout(weight):
-        """What a launch captured in a graph assumes of the weight beyond its maps (the kernel reads the weight
-        only through them; its view gives the kernel N, K and the element type): shape, dtype, device."""
-        return tuple(weight.shape), weight.dtype, weight.device
-
     @staticmethod
     def _storage(weight):
-        """What the prepared descriptors baked in about the weight."""
+        """What a prepared launch takes of the weight: its storage and layout."""
         return (weight.data_ptr(), tuple(weight.shape), weight.stride(), weight.dtype, weight.device)
 
     def is_prepared_for(self, weight, bias=None) -> bool:
-        """Whether the last completed ``prepare()`` wrote the maps for ``weight``'s storage as it is now, and took
+        """Whether the last completed ``prepare()`` took ``weight``'s storage as it is now, and
         ``bias``'s storage (or no bias)."""
         launchable = self._launchable
         if launchable is None or launchable.storage != self._storage(weight):
@@ -695,10 +614,9 @@ class PreparedProjection:
             self._check(x, out, launchable)
             self._check_epilogue(x, out, residual, launchable)
             batch = x.shape[0]
-            # A graph captures these arguments; the weight view's pointer is never read (the map is), so a map
-            # rewritten in place is all a replay needs to compute with a new weight of the same shape.
+            # A graph captures these arguments, the weight's map (encoded from its view at launch) among them.
             args = (launchable.weight_view, matrix_view(x), matrix_view(out, output=True),
-                    *launchable.extra[batch], current_stream(launchable.device))
+                    current_stream(launchable.device))
             if launchable.epilogue != NO_EPILOGUE:
                 residual_view = None if residual is None else matrix_view(residual, output=True)
                 args = (*args, residual_view, launchable.bias_view)

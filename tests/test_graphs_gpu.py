@@ -1,11 +1,12 @@
-"""GPU tests of descriptor lifetimes: CUDA graphs across a re-prepare, and projections dropped mid-queue."""
+"""GPU tests of weight lifetimes: CUDA graphs across an in-place update and a re-prepare, and projections dropped
+mid-queue."""
 
 import gc
 
 import pytest
 import torch
 
-from decode_projection import PreparedProjection, SplitKTactic, projection, runtime
+from decode_projection import PreparedProjection, SplitKTactic
 from decode_projection.measure.checks import assert_close_to_reference
 
 pytestmark = pytest.mark.gpu
@@ -13,9 +14,10 @@ pytestmark = pytest.mark.gpu
 TACTIC = SplitKTactic(64, 8, 2, 4)
 
 
-def test_a_graph_computes_with_a_weight_swapped_in_place_and_keeps_the_old_one_after_a_dtype_change():
+def test_a_graph_reads_a_weight_updated_in_place_and_keeps_the_old_one_after_a_new_weight():
     n, k, batch = 1024, 2048, 4
-    prepared = PreparedProjection(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), {batch: TACTIC}).prepare()
+    weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    prepared = PreparedProjection(weight, {batch: TACTIC}).prepare()
     x = torch.randn(batch, k, device="cuda", dtype=torch.bfloat16)
     captured = torch.full((batch, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     prepared.run(x, captured)  # loads the module outside the capture
@@ -24,38 +26,36 @@ def test_a_graph_computes_with_a_weight_swapped_in_place_and_keeps_the_old_one_a
     with torch.cuda.graph(graph):
         prepared.run(x, captured)
 
-    # The same shape and dtype (another row pitch too): the graph reads the new weight through the same maps.
-    swapped = torch.randn(n, k + 64, device="cuda", dtype=torch.bfloat16)[:, :k]
-    prepared.weight = swapped
-    prepared.prepare()
+    # New values in the same storage: the graph's map describes that storage.
+    weight.copy_(torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
     captured.fill_(float("nan"))
     graph.replay()
     eager = prepared.run(x, torch.empty(batch, n, device="cuda", dtype=torch.bfloat16))
     torch.cuda.synchronize()
     assert torch.equal(captured, eager)
-    assert_close_to_reference(captured, x, swapped, label="graph replayed after an in-place weight swap")
+    assert_close_to_reference(captured, x, weight, label="graph replayed after an in-place weight update")
 
-    # Another dtype: new maps and kernels; the graph keeps computing with the weight it last described.
-    reference = swapped.clone()
+    # A weight of new storage (another dtype too): new kernels; the graph keeps computing with the weight it captured,
+    # which the projection keeps alive.
+    reference = weight.clone()
     prepared.weight = torch.randn(n, k, device="cuda", dtype=torch.float16)
     prepared.prepare()
-    del swapped
+    del weight
     gc.collect()
     junk = torch.full((n, k + 64), 7.0, device="cuda", dtype=torch.bfloat16)  # would take a freed weight's memory
     captured.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
-    assert_close_to_reference(captured, x, reference, label="graph replayed after a dtype change")
+    assert_close_to_reference(captured, x, reference, label="graph replayed after a new weight")
     x16 = x.half()
     out = prepared.run(x16, torch.empty(batch, n, device="cuda", dtype=torch.bfloat16))
-    assert_close_to_reference(out, x16, prepared.weight, label="eager after a dtype change")
+    assert_close_to_reference(out, x16, prepared.weight, label="eager after a new weight")
     del junk
 
 
-def test_dropping_a_projection_with_launches_queued_on_a_side_stream(monkeypatch):
-    """Its descriptors stay as they are until the queued launches are done, while new projections take theirs."""
-    # A pool of its own: the one the process shares may have to drain the device to hand out a slot.
-    monkeypatch.setattr(projection, "tensor_map_slots", runtime.TensorMapSlots())
+def test_dropping_a_projection_with_launches_queued_on_a_side_stream():
+    """The launches queued on another stream read what they were launched with: nothing of the projection they
+    came from is reused while they wait."""
     weight = torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16)
     others = [torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16) for _ in range(64)]
     x = torch.randn(4, 2048, device="cuda", dtype=torch.bfloat16)
@@ -70,8 +70,6 @@ def test_dropping_a_projection_with_launches_queued_on_a_side_stream(monkeypatch
             dropped.run(x, out)
     del dropped
     gc.collect()
-    # From the caching allocator, new descriptors would get the dropped ones' memory at once: it was allocated
-    # on the current stream, which never waits for the side stream.
     replacements = [PreparedProjection(other, {4: TACTIC}).prepare() for other in others]
     still_queued = not side.query()
     side.synchronize()

@@ -187,7 +187,7 @@ def pretend_layers_run_on_hopper(monkeypatch, events):
                                        raising=False)
 
 
-def test_a_weight_of_the_same_shape_is_prepared_in_place_and_another_replaces_the_projection(monkeypatch):
+def test_a_weight_in_place_keeps_the_projection_and_new_storage_replaces_it(monkeypatch):
     import pytest
 
     from decode_projection.layer import RECAPTURE_WARNING
@@ -195,23 +195,22 @@ def test_a_weight_of_the_same_shape_is_prepared_in_place_and_another_replaces_th
     events = []
     on_gpu = pretend_layers_run_on_hopper(monkeypatch, events)
     layer = ProjectionLinear(torch.randn(48, 64, dtype=torch.bfloat16))
-    same, taller = torch.randn(48, 64, dtype=torch.bfloat16), torch.randn(96, 64, dtype=torch.bfloat16)
     on_gpu()
     layer.prepare()
     first = layer.prepared
-    layer.weight.data = same
+    layer.weight.data.copy_(torch.randn(48, 64, dtype=torch.bfloat16))
     layer.prepare()
-    # The projection's maps are rewritten in place (CUDA graphs captured before compute with the new weight).
-    assert layer.prepared is first and first.weight.data_ptr() == same.data_ptr()
+    # New values in the same storage: CUDA graphs captured before read them through the map they hold.
+    assert layer.prepared is first
     assert events == [("prepared", id(first), (48, 64), torch.bfloat16)] * 2
     layer._launched = True  # as the custom op marks it once the kernel ran: graphs may hold the projection
-    layer.weight.data = taller
+    layer.weight.data = torch.randn(48, 64, dtype=torch.bfloat16)  # the same shape, new storage
     with pytest.warns(UserWarning, match="capture them again"):
         layer.prepare()
     second = layer.prepared
     # Launches on another stream may still read the old weight, which goes back to the allocator with it.
-    assert second is not first and events[2:] == [("prepared", id(second), (96, 64), torch.bfloat16), "synchronized"]
-    layer.weight.data = torch.randn(48, 64, dtype=torch.bfloat16)
+    assert second is not first and events[2:] == [("prepared", id(second), (48, 64), torch.bfloat16), "synchronized"]
+    layer.weight.data = torch.randn(96, 64, dtype=torch.bfloat16)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # its kernel never ran: no graph can hold it
         layer.prepare()
@@ -228,9 +227,8 @@ def test_a_bias_of_new_storage_replaces_the_projection(monkeypatch):
     on_gpu()
     layer.prepare()
     first = layer.prepared
-    layer.weight.data = torch.randn(48, 64, dtype=torch.bfloat16)
     layer.prepare()
-    assert layer.prepared is first  # the same bias: the weight's maps are rewritten in place
+    assert layer.prepared is first  # the same weight and bias storage
     layer._launched = True
     # A graph captured before holds the old bias's pointer: the layer warns and prepares a new projection.
     with pytest.warns(UserWarning, match="capture them again"):

@@ -125,9 +125,9 @@ def test_cuda_graph_capture_of_a_model():
     assert not model.up.fallbacks
 
 
-def test_a_captured_layer_computes_with_a_weight_replaced_by_one_of_the_same_shape():
-    """Assigned, loaded with assign=True, or swapped through .data (noticed at the next eager call): the graph
-    replays with the new weight, as one over nn.Linear does after a copy in place. A cast warns instead."""
+def test_a_captured_layer_computes_with_new_values_copied_into_its_weight():
+    """Copied in place, or loaded without assign: the graph replays with the new values, as one over nn.Linear does.
+    A weight of new storage (assigned, loaded with assign=True, a cast) warns that graphs must be captured again."""
     layer = ProjectionLinear(torch.randn(2304, 1536, device="cuda", dtype=torch.bfloat16), batches=(8,))
     x = torch.randn(8, 1536, device="cuda", dtype=torch.bfloat16)
     layer(x)
@@ -139,22 +139,31 @@ def test_a_captured_layer_computes_with_a_weight_replaced_by_one_of_the_same_sha
     def fresh():
         return torch.randn(2304, 1536, device="cuda", dtype=torch.bfloat16)
 
-    def through_data():
-        layer.weight.data = fresh()
-        layer(x)
-
-    swaps = {
-        "assigned": lambda: setattr(layer, "weight", nn.Parameter(fresh(), requires_grad=False)),
-        "loaded with assign=True": lambda: layer.load_state_dict({"weight": fresh()}, assign=True),
-        "swapped through .data": through_data,
+    updates = {
+        "copied in place": lambda: layer.weight.data.copy_(fresh()),
+        "loaded without assign": lambda: layer.load_state_dict({"weight": fresh()}),
     }
-    for label, swap in swaps.items():
-        swap()
+    for label, update in updates.items():
+        update()
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        torch.testing.assert_close(out, layer(x), rtol=0, atol=0)
         assert_close_to_reference(out, x, layer.weight, label=f"graph replayed after a weight {label}")
+    swaps = {
+        "assigned": lambda: setattr(layer, "weight", nn.Parameter(fresh(), requires_grad=False)),
+        "loaded with assign=True": lambda: layer.load_state_dict({"weight": fresh()}, assign=True),
+    }
+    for label, swap in swaps.items():
+        with pytest.warns(UserWarning, match="capture them again"):
+            swap()
+        assert_close_to_reference(layer(x), x, layer.weight, label=f"eager after a weight {label}")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = layer(x)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close_to_reference(out, x, layer.weight, label="graph captured again")
     assert not layer.fallbacks
     with pytest.warns(UserWarning, match="capture them again"):
         layer.half()

@@ -29,12 +29,9 @@ TACTIC = SplitKTactic(64, 8, 2, 4)
 
 
 def pretend_hopper(monkeypatch, events=None):
-    """Let prepare() run on the CPU: real compile for sm_90a, descriptor slots of a pool of its own in host memory,
-    and writes to them recorded in ``events`` as (slot address, weight address); so are synchronizes."""
+    """Let prepare() run on the CPU: real compile for sm_90a; synchronizes are recorded in ``events``."""
     events = [] if events is None else events
     monkeypatch.setattr(projection, "architecture", lambda device: "sm_90a")
-    monkeypatch.setattr(projection, "tensor_map_slots", runtime.TensorMapSlots())
-    monkeypatch.setattr(projection, "write_tensor_map", lambda slot, spec: events.append((slot.data_ptr(), spec[0])))
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append("synchronized"))
     return events
@@ -155,70 +152,29 @@ def test_run_rejects_changed_weight(prepared):
         prepared.run(torch.randn(4, 512, dtype=torch.bfloat16), torch.empty(4, 256, dtype=torch.bfloat16))
 
 
-def test_a_weight_of_the_same_shape_is_written_into_the_same_maps(monkeypatch):
-    """A CUDA graph captured before holds the maps' addresses: they must then describe the new weight."""
-    events = pretend_hopper(monkeypatch)
-    first, second = torch.randn(256, 512, dtype=torch.bfloat16), torch.randn(256, 512, dtype=torch.bfloat16)
-    prepared = PreparedProjection(first, {4: TACTIC}).prepare()
-    (slot,) = [address for address, _ in events]
-    prepared.weight = second
-    prepared.prepare()
-    # Launches on any stream may still read the map when it is rewritten: the device drains them first.
-    assert events == [(slot, first.data_ptr()), "synchronized", (slot, second.data_ptr())]
-    assert prepared.extra[4][0] == slot
-    prepared.prepare()  # nothing changed: nothing to wait for, nothing to write
-    assert len(events) == 3
-
-
-def test_a_weight_of_another_shape_or_dtype_gets_new_maps_and_the_old_one_is_kept(monkeypatch):
-    """Graphs captured before run kernels compiled for the old weight: its maps and its memory stay valid."""
+def test_every_weight_prepared_stays_alive_with_its_projection(monkeypatch):
+    """A graph captured before a weight of new storage was prepared holds the old weight's map (encoded at its
+    launch): that weight's memory must stay valid while the projection lives. Re-preparing the same weight keeps
+    no second reference, and nothing waits for the device."""
     events = pretend_hopper(monkeypatch)
     first = torch.randn(256, 512, dtype=torch.bfloat16)
     first_alive = weakref.ref(first)
     prepared = PreparedProjection(first, {4: TACTIC}).prepare()
-    old_map = prepared.extra[4][0]
-    for replacement in (torch.randn(256, 512, dtype=torch.float16), torch.randn(128, 512, dtype=torch.float16)):
+    prepared.prepare()
+    for replacement in (torch.randn(256, 512, dtype=torch.bfloat16), torch.randn(128, 512, dtype=torch.float16)):
         prepared.weight = replacement
         prepared.prepare()
-        assert prepared.extra[4][0] != old_map
-        old_map = prepared.extra[4][0]
     del first
     gc.collect()
-    assert first_alive() is not None and "synchronized" not in events  # no map was rewritten
-    assert len({address for address, _ in events}) == 3
+    assert first_alive() is not None and events == []
+    assert len(prepared._prepared_weights) == 3
     del prepared
     gc.collect()
     assert first_alive() is None
 
 
-def test_maps_of_policies_no_longer_held_are_rewritten_too(monkeypatch):
-    """A graph captured for a batch the new policies drop still replays: its map must not describe a freed weight."""
-    events = pretend_hopper(monkeypatch)
-    wide = SplitKTactic(128, 16, 1, 4)  # loads 128 rows, TACTIC 64
-    first, second = torch.randn(256, 512, dtype=torch.bfloat16), torch.randn(256, 512, dtype=torch.bfloat16)
-    prepared = PreparedProjection(first, {4: TACTIC, 16: wide}).prepare()
-    prepared.weight, prepared.policies = second, {4: TACTIC}
-    prepared.prepare()
-    assert events[2] == "synchronized"
-    assert sorted(weight for _, weight in events[3:]) == [second.data_ptr()] * 2
-
-
-def test_a_dropped_projection_hands_its_slots_back_for_reuse_after_a_synchronize(monkeypatch):
-    events = pretend_hopper(monkeypatch)
-    monkeypatch.setattr(runtime.TensorMapSlots, "CHUNK_SLOTS", 1)
-    prepared = PreparedProjection(torch.randn(256, 512, dtype=torch.bfloat16), {4: TACTIC}).prepare()
-    slot = prepared.extra[4][0]
-    other = PreparedProjection(torch.randn(256, 512, dtype=torch.bfloat16), {4: TACTIC}).prepare()
-    assert other.extra[4][0] != slot and "synchronized" not in events
-    del prepared
-    gc.collect()
-    again = PreparedProjection(torch.randn(256, 512, dtype=torch.bfloat16), {4: TACTIC}).prepare()
-    # Launches queued on any stream before the projection died have finished when its slot is written again.
-    assert again.extra[4][0] == slot and events[-2:] == ["synchronized", (slot, again.weight.data_ptr())]
-
-
 def test_prepare_in_another_thread_waits_for_a_launch_under_way(prepared, monkeypatch):
-    """A run that has checked its arguments launches with the kernels and maps it checked against."""
+    """A run that has checked its arguments launches with the kernels it checked against."""
     monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
     monkeypatch.setattr(projection, "current_stream", lambda device: None)
     launched = []
@@ -351,15 +307,13 @@ def test_a_run_tells_autograd_that_it_wrote_the_output(prepared, monkeypatch):
     assert out._version > version  # a backward that saved ``out`` before the write fails instead of using it
 
 
-def test_public_compile_and_map_name_what_they_cannot_take():
+def test_public_compile_names_what_it_cannot_take():
     with pytest.raises(ValueError, match="weight dtype"):
         compile_projection(TACTIC, torch.bfloat16, "sm_90a", torch.float32)
     with pytest.raises(ValueError, match="output dtype"):
         compile_projection(TACTIC, torch.float64, "sm_90a")
     with pytest.raises(TypeError, match="must be a bool"):
         compile_projection(TACTIC, torch.bfloat16, "sm_90a", torch.bfloat16, "no")
-    with pytest.raises(ValueError, match="torch.float32"):
-        projection.weight_map(torch.zeros(8, 16), 8)
 
 
 def test_reprepare_drops_the_batches_its_policies_no_longer_hold(prepared):
@@ -376,10 +330,10 @@ def test_a_failed_reprepare_leaves_nothing_to_launch(prepared, monkeypatch):
     monkeypatch.setattr(projection, "compile_projection", broken)
     with pytest.raises(RuntimeError):
         prepared.prepare()
-    # The earlier kernels and the maps this attempt freed must not launch.
+    # The earlier kernels this attempt dropped must not launch.
     with pytest.raises(ValueError, match="not prepared"):
         prepared.run(torch.randn(4, 512, dtype=torch.bfloat16), torch.empty(4, 256, dtype=torch.bfloat16))
-    assert not prepared.kernels and not prepared.extra
+    assert not prepared.kernels
 
 
 def test_negated_views_are_refused(prepared):
@@ -701,7 +655,7 @@ def test_run_rejects_bad_residuals(monkeypatch):
     projection.run(x, wide[:, :256], residual=wide[:, 256:])
     assert len(launches) == 3
     for args in launches:
-        assert len(args) == 7 and args[5] is not None and args[6] is not None  # the residual's and bias's views
+        assert len(args) == 6 and args[4] is not None and args[5] is not None  # the residual's and bias's views
 
 
 def test_run_refuses_an_output_over_its_bias(monkeypatch):

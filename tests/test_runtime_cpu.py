@@ -2,11 +2,9 @@
 
 Nothing here needs a GPU: CUDA queries are faked where the code under test
 only consumes their answers, kernels are compiled for sm_90a against fake
-tensors, and the one driver call (TMA descriptor encoding) is tested for real
-only where an NVIDIA driver is loadable, and for its clear failure elsewhere.
+tensors.
 """
 
-import ctypes
 import types
 
 import pytest
@@ -28,27 +26,6 @@ except ImportError:  # the CuTe DSL 4.7 has them in cutlass.utils only (where 4.
 
 from decode_projection import runtime
 from decode_projection.runtime import sass
-
-
-def _driver_loadable() -> bool:
-    """Whether libcuda can be loaded here, probed independently of the code under test."""
-    try:
-        ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return False
-    return True
-
-
-HAVE_DRIVER = _driver_loadable()
-
-BF16 = driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-SW128 = driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B
-L2_128 = driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B  # as weight_map
-
-
-def weight_spec(address=1 << 20, n=2112, k=7168, rows=64):
-    """The spec the projection builds for a BF16 weight [n, k]: box {64, rows}, SW128."""
-    return (address, BF16, (k, n), (k * 2,), (64, rows), SW128, L2_128)
 
 
 # ---------------------------------------------------------------- architecture
@@ -114,73 +91,6 @@ def test_to_cute_refuses_misaligned_pointer():
     assert base.data_ptr() % 16 == 0
     with pytest.raises(ValueError, match="not 16-byte aligned"):
         runtime.to_cute(base[1:])
-
-
-# ---------------------------------------------------------------- tensor maps
-
-
-@pytest.mark.parametrize(
-    "change, message",
-    [
-        ({0: (1 << 20) + 8}, "not 16-byte aligned"),
-        ({3: (7168 * 2 + 8,)}, "multiples of 16 bytes"),
-        ({4: (128, 64)}, "more than the 128-byte swizzle span"),
-        ({4: (4, 64)}, "multiple of 16"),
-        ({4: (64, 512)}, "box entries must be in 1..256"),
-        ({4: (64,)}, "needs 2 box entries"),
-        ({2: (7168, 2112, 1, 1, 1, 1)}, "rank must be 1..5"),
-    ],
-)
-def test_encode_tensor_map_rejects_bad_specs(change, message):
-    spec = list(weight_spec())
-    for index, value in change.items():
-        spec[index] = value
-    with pytest.raises(ValueError, match=message):
-        runtime.encode_tensor_map(tuple(spec))
-
-
-@pytest.mark.skipif(
-    not (HAVE_DRIVER and torch.cuda.is_available()),
-    reason="cuTensorMapEncodeTiled lives in libcuda and wants a CUDA context; no NVIDIA GPU here",
-)
-def test_encode_tensor_map_with_driver():
-    torch.zeros(1, device="cuda")  # makes a context current, as the driver requires
-    first = runtime.encode_tensor_map(weight_spec())
-    assert isinstance(first, bytes) and len(first) == runtime.TENSOR_MAP_BYTES
-    assert any(first)
-    assert runtime.encode_tensor_map(weight_spec()) == first
-    # The descriptor embeds the global address and the box.
-    assert runtime.encode_tensor_map(weight_spec(address=1 << 21)) != first
-    assert runtime.encode_tensor_map(weight_spec(rows=8)) != first
-
-
-@pytest.mark.skipif(HAVE_DRIVER, reason="an NVIDIA driver is loadable here")
-def test_encode_tensor_map_without_driver_says_so():
-    with pytest.raises(RuntimeError, match="needs the NVIDIA driver"):
-        runtime.encode_tensor_map(weight_spec())
-
-
-def test_tensor_maps_need_a_cuda_device():
-    with pytest.raises(ValueError, match="CUDA memory"):
-        runtime.tensor_maps([weight_spec()], torch.device("cpu"))
-
-
-def test_descriptor_slots_are_reused_only_after_the_device_drained_them(monkeypatch):
-    synchronized = []
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synchronized.append(device))
-    monkeypatch.setattr(runtime.TensorMapSlots, "CHUNK_SLOTS", 2)
-    slots = runtime.TensorMapSlots()
-    first, second = slots.take("cpu"), slots.take("cpu")
-    assert first.data_ptr() % 128 == second.data_ptr() % 128 == 0 and first.numel() == second.numel() == 128
-    assert abs(first.data_ptr() - second.data_ptr()) == 128
-    slots.give_back([first])
-    # While this stream captures a graph the device cannot be drained: a new chunk instead.
-    monkeypatch.setattr(runtime, "capturing", lambda: True)
-    fresh = slots.take("cpu")
-    assert not synchronized and fresh.data_ptr() not in (first.data_ptr(), second.data_ptr())
-    monkeypatch.setattr(runtime, "capturing", lambda: False)
-    slots.take("cpu")  # the rest of the new chunk
-    assert slots.take("cpu").data_ptr() == first.data_ptr() and synchronized == [torch.device("cpu")]
 
 
 # ---------------------------------------------------------------- SASS reports

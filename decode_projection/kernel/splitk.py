@@ -9,8 +9,8 @@ once. The kernel is shaped around that:
 * Swap AB: the weight is wgmma's A operand (its rows fill the instruction's
   M = 64) and the activations are B (the batch is wgmma's N, 8..256), so a
   batch of 1 wastes no weight bandwidth on zero rows.
-* Weight tiles arrive by TMA through a descriptor that lives in device memory
-  (built once per weight), with the L2 hint EVICT_FIRST: each weight byte is
+* Weight tiles arrive by TMA through a descriptor built at launch and passed
+  by value (a grid constant), with the L2 hint EVICT_FIRST: each weight byte is
   used once per step and must not push activations or KV out of L2.
   Activation tiles arrive by TMA with EVICT_LAST: every CTA re-reads them.
 * A producer warp keeps ``stages`` tiles in flight through an mbarrier
@@ -88,6 +88,7 @@ from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm
 from cutlass._mlir.dialects import nvvm as nvvm_dialect
 from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.experimental.cuda import TensorMap, TensorMapL2Promotion, TensorMapSwizzle, create_tensor_map_tiled
 from cutlass.experimental.primitives import nvvm_wrapper as nvvm
 
 from ..runtime.sm90 import WGMMA_ROWS
@@ -193,7 +194,6 @@ class SplitKGemm:
         weight: cute.Tensor,
         activations: cute.Tensor,
         out: cute.Tensor,
-        weight_map: cutlass.Int64,
         stream,
         residual: Optional[cute.Tensor] = None,
         bias: Optional[cute.Tensor] = None,
@@ -242,7 +242,7 @@ class SplitKGemm:
         grid = (t.grid_columns(weight.shape[0], cute.ceil_div), t.grid_rows(activations.shape[0], cute.ceil_div), 1)
         self.kernel(
             tiled_mma, act_tma, act_coords, weight_smem, act_smem, act_slots, weight, out,
-            self.kernel_weight_map(weight, weight_map), residual, bias
+            self.weight_map(weight), residual, bias
         ).launch(
             grid=grid,
             block=(t.threads, 1, 1),
@@ -264,7 +264,7 @@ class SplitKGemm:
         act_slots: cute.ComposedLayout,
         weight: cute.Tensor,
         out: cute.Tensor,
-        weight_map,  # what kernel_weight_map passes: the device-resident map's address (cutlass.Int64)
+        weight_map: cutlass.GridConstant[TensorMap],
         residual: Optional[cute.Tensor],
         bias: Optional[cute.Tensor],
     ):
@@ -335,7 +335,7 @@ class SplitKGemm:
                     sharers_mask = cutlass.Int16(sum(1 << (i * t.split) for i in range(t.multicast))) << rank
                 activation_mask = sharers_mask if cutlass.const_expr(t.activation_sharers > 1) else None
                 weight_mask = sharers_mask if cutlass.const_expr(t.weight_sharers > 1) else None
-                descriptor = self.weight_descriptor(weight_map)
+                descriptor = weight_map.get_ptr()
                 cpasync.prefetch_descriptor(act_tma)
                 # This CTA's share of the weight tile: its rows in global memory and in every sharer's stages.
                 weight_row = n_tile * t.weight_rows
@@ -402,26 +402,25 @@ class SplitKGemm:
             self.consume(tiled_mma, tiles, storage, s_weight, s_act, out, residual, bias, warp, tidx,
                          CtaWork(n_tile, m_tile, rank, sharer, k_count))
 
-    def kernel_weight_map(self, weight, weight_map):
-        """What the kernel takes for the weight's map (``weight_descriptor`` reads it): here the device-resident
-        map's address, as passed. A probe's subclass passes the map by value instead
-        (benchmarks/map_variants.py)."""
-        return weight_map
-
-    @staticmethod
-    def weight_descriptor(weight_map):
-        """The weight's TMA map in device memory, as a pointer."""
-        return cute.make_ptr(cutlass.Int8, weight_map, cute.AddressSpace.generic, assumed_align=128)
+    def weight_map(self, weight):
+        """The weight's TMA map, encoded at launch and passed by value: boxes of 64 columns x the tactic's weight
+        load rows, 128-byte swizzle, 128-byte L2 promotion, the row pitch kept. Passed by value it needs no acquire
+        (a map in device memory did, in every CTA, and there the CTAs' first loads spread over 0.5 us more after
+        another kernel: docs/launch-contexts.md)."""
+        pitch = weight.stride[0]
+        # 128-byte promotion, not 256: each box row is exactly 128 B, and the wider promotion streamed 2-8% slower
+        # on the H200 with the same DRAM bytes (docs/measurements/2026-12-02-l2-promotion-h200.txt).
+        return create_tensor_map_tiled(
+            weight.iterator.toint(), weight.element_type, [weight.shape[1], weight.shape[0]],
+            [pitch * weight.element_type.width // 128], [BOX_K, self.tactic.weight_load_rows],
+            swizzle=TensorMapSwizzle.s128b, l2_promotion=TensorMapL2Promotion.l2_128b,
+        )
 
     @cute.jit
     def prefetch_weight_map(self, weight_map):
-        """The producer warp's acquire of the weight's map for the tensormap proxy, and its prefetch. A host copy
-        wrote the map, so the acquire's scope is the system's, as the CUDA programming guide's TMA section asks
-        (on sm_90a both scopes compile to the same UTMACCTL.IV)."""
-        descriptor = self.weight_descriptor(weight_map)
-        nvvm.fence_proxy_acquire("sys", descriptor, 128)
+        """The producer warp's prefetch of the weight's map among the kernel's parameters."""
         if nvvm.elect_sync():
-            nvvm.prefetch_tensormap(descriptor)
+            nvvm.prefetch_tensormap(weight_map.get_ptr())
 
     @cute.jit
     def consume(self, tiled_mma, tiles, storage, s_weight, s_act, out, residual, bias, warp, tidx, work):
@@ -800,7 +799,7 @@ class SplitKGemm:
 
     @cute.jit
     def load_weight(self, weight_tiles, state, descriptor, tiles, k_tile, fold_stride, weight_row, sharers_mask):
-        """This CTA's share of one weight tile by TMA through the device-resident map, to every sharer, evicted first
+        """This CTA's share of one weight tile by TMA through its map, to every sharer, evicted first
         from L2."""
         # A stage of ``k_boxes`` boxes asks for that many adjacent 128-byte pieces of every weight row at once (the
         # shared-memory layout keeps each box's rows x 64 block contiguous, one after another along K). Folded, each K
