@@ -345,6 +345,7 @@ class _Launchable(NamedTuple):
     bias_view: object  # the bias as the kernel takes it (None without one)
     bias_row: torch.Tensor | None  # the bias as a [1, N] view, for run()'s overlap check without a new view per run
     output_rows: int  # N of the output: the weight's rows, or a gated projection's gate rows
+    captured: list  # [True] once a CUDA graph captured a launch of it, else []
 
 
 class PreparedProjection:
@@ -365,9 +366,9 @@ class PreparedProjection:
     the weight's storage at capture: new values copied into that storage in
     place reach it, as they reach a graph over ``nn.Linear``. A weight of new
     storage (assigned, or loaded with ``assign=True``) needs ``prepare()`` and
-    graphs captured again; the projection keeps the weights it was prepared
-    for alive until it dies, so graphs captured before go on computing with the
-    old weight rather than reading freed memory.
+    graphs captured again; the projection keeps every weight (and bias) a graph
+    captured alive until it dies, so graphs captured before go on computing
+    with the old weight rather than reading freed memory.
 
     ``run`` and ``prepare`` may be called from several threads: a ``run`` while
     another thread prepares raises a ValueError saying the projection is not
@@ -395,7 +396,7 @@ class PreparedProjection:
         self._launchable = None
         self._launch_lock = threading.Lock()  # held by run() while it checks and launches
         self._prepare_lock = threading.Lock()  # one prepare() at a time
-        self._prepared_weights = []  # every weight a prepare() took: graphs captured since may read any of them
+        self._captured_operands = []  # (weight, bias) of every prepare() a CUDA graph captured: graphs may read them
 
     def _validate(self):
         """Raise unless the kernel takes the weight, output dtype, launch flag and policies; ``policies`` become
@@ -505,14 +506,12 @@ class PreparedProjection:
                                           epilogue)
                 _claim_device(code, self.device)
                 kernels[batch] = code
-            if not any(weight is self.weight for weight in self._prepared_weights):
-                self._prepared_weights.append(self.weight)
             bias_view = None if self.bias is None else vector_view(self.bias)
             self._launchable = _Launchable(self.weight, self._storage(self.weight), matrix_view(self.weight),
                                            kernels, self.output_dtype, self.device, epilogue, self.bias,
                                            None if self.bias is None else self._storage(self.bias), bias_view,
                                            None if self.bias is None else self.bias.detach().unsqueeze(0),
-                                           self.gated_rows or self.weight.shape[0])
+                                           self.gated_rows or self.weight.shape[0], [])
         return self
 
     @staticmethod
@@ -626,6 +625,9 @@ class PreparedProjection:
             else:
                 with torch.cuda.device(launchable.device):
                     code(*args)
+            if not launchable.captured and capturing():
+                launchable.captured.append(True)
+                self._captured_operands.append((launchable.weight, launchable.bias))
         # An in-place write autograd cannot see: a backward that saved ``out`` before this now fails loudly.
         increment_version(out)
         return out

@@ -152,25 +152,39 @@ def test_run_rejects_changed_weight(prepared):
         prepared.run(torch.randn(4, 512, dtype=torch.bfloat16), torch.empty(4, 256, dtype=torch.bfloat16))
 
 
-def test_every_weight_prepared_stays_alive_with_its_projection(monkeypatch):
+def test_a_weight_a_graph_captured_stays_alive_with_its_projection(monkeypatch):
     """A graph captured before a weight of new storage was prepared holds the old weight's map (encoded at its
-    launch): that weight's memory must stay valid while the projection lives. Re-preparing the same weight keeps
-    no second reference, and nothing waits for the device."""
+    launch): that weight's memory must stay valid while the projection lives. A weight no graph captured is not
+    kept, so re-preparing for weight after weight holds no memory, and nothing waits for the device."""
     events = pretend_hopper(monkeypatch)
-    first = torch.randn(256, 512, dtype=torch.bfloat16)
-    first_alive = weakref.ref(first)
-    prepared = PreparedProjection(first, {4: TACTIC}).prepare()
-    prepared.prepare()
-    for replacement in (torch.randn(256, 512, dtype=torch.bfloat16), torch.randn(128, 512, dtype=torch.float16)):
-        prepared.weight = replacement
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
+    monkeypatch.setattr(projection, "current_stream", lambda device: None)
+    graph_capturing = [False]
+    monkeypatch.setattr(projection, "capturing", lambda: graph_capturing[0])
+    x, out = torch.randn(4, 512, dtype=torch.bfloat16), torch.empty(4, 256, dtype=torch.bfloat16)
+
+    def run_with(weight, captured):
+        prepared.weight = weight
         prepared.prepare()
-    del first
+        prepared.kernels.update({batch: (lambda *args: None) for batch in prepared.kernels})
+        graph_capturing[0] = captured
+        prepared.run(x, out)
+        prepared.run(x, out)
+        graph_capturing[0] = False
+
+    captured, eager_only = torch.randn(256, 512, dtype=torch.bfloat16), torch.randn(256, 512, dtype=torch.bfloat16)
+    alive = {"captured": weakref.ref(captured), "eager only": weakref.ref(eager_only)}
+    prepared = PreparedProjection(captured, {4: TACTIC})
+    run_with(captured, True)
+    run_with(eager_only, False)
+    run_with(torch.randn(256, 512, dtype=torch.bfloat16), False)
+    del captured, eager_only
     gc.collect()
-    assert first_alive() is not None and events == []
-    assert len(prepared._prepared_weights) == 3
+    assert alive["captured"]() is not None and alive["eager only"]() is None and events == []
+    assert [weight.shape for weight, bias in prepared._captured_operands] == [(256, 512)]
     del prepared
     gc.collect()
-    assert first_alive() is None
+    assert alive["captured"]() is None
 
 
 def test_prepare_in_another_thread_waits_for_a_launch_under_way(prepared, monkeypatch):
