@@ -37,9 +37,8 @@ _registry = weakref.WeakValueDictionary()
 _handles = itertools.count(1)
 
 RECAPTURE_WARNING = (
-    "ProjectionLinear prepared a new projection for a weight of new storage: CUDA graphs captured before still "
-    "launch the old kernels with the old weight's map, and the old weight is no longer kept; capture them again "
-    "before they replay"
+    "ProjectionLinear prepared a new projection for a weight of new storage: CUDA graphs captured before keep "
+    "computing with the old weight (the layer keeps it alive until it dies); capture them again to use the new one"
 )
 
 
@@ -77,8 +76,6 @@ def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ha
             layer.fall_back("batch without a tactic",
                             lambda: f"batch {rows.shape[0]} has no tactic (prepared batches {sorted(held)})")
         return layer.linear(x, weight, bias).to(out_dtype)
-    if not layer._launched:  # nn.Module attribute stores are slow: once per projection
-        layer._launched = True
     pitch = rows.stride(0) * rows.element_size()
     if rows.stride(1) != 1 or rows.data_ptr() % 16 or (rows.shape[0] > 1 and (pitch % 16 or rows.stride(0) < rows.shape[1])):
         rows = rows.clone(memory_format=torch.contiguous_format)  # TMA wants dense, 16-byte aligned rows
@@ -164,9 +161,9 @@ class ProjectionLinear(nn.Module):
     after ``weight.data = ...``. New values copied into the weight in place
     (``weight.data.copy_(...)``, ``load_state_dict`` without ``assign``) reach
     CUDA graphs captured before, as they do over ``nn.Linear``. A weight of new
-    storage gets a new projection: CUDA graphs captured before must be captured
-    again (the layer warns where its kernel had run). A ``DECODE_PROJECTION_TABLES`` that names no usable table
-    raises.
+    storage gets a new projection: CUDA graphs captured before keep computing
+    with the old weight, which the layer keeps alive (it warns: capture them
+    again). A ``DECODE_PROJECTION_TABLES`` that names no usable table raises.
     """
 
     def __init__(self, weight, bias=None, *, batches=(1, 2, 4, 8, 16, 32, 64), output_dtype=None,
@@ -186,7 +183,7 @@ class ProjectionLinear(nn.Module):
         self.fallbacks = Counter()
         self.prepared = None
         self.unsupported = None
-        self._launched = False  # whether the current projection's kernel has run (CUDA graphs may hold it)
+        self._kept_for_graphs = []  # (weight, bias) that graphs captured from projections since replaced
         self._warned_fallback = False
         self._register()
         self.prepare()
@@ -199,14 +196,15 @@ class ProjectionLinear(nn.Module):
     def __getstate__(self):
         # Descriptors and compiled code belong to this process and this copy.
         state = dict(self.__dict__)
-        state.update(prepared=None, handle=None)
+        state.update(prepared=None, handle=None, _kept_for_graphs=[])
         return state
 
     def __setstate__(self, state):
         state.setdefault("requested_output_dtype", state["output_dtype"])  # pickled before it was kept apart
         state.setdefault("gated_rows", None)  # pickled before gated layers
         self.__dict__.update(state)
-        self._launched, self._warned_fallback = False, False  # a new layer, whose kernel never ran
+        self._warned_fallback = False
+        self._kept_for_graphs = []  # a new layer: no graph captured it
         self._register()
         self.prepare()
 
@@ -277,15 +275,16 @@ class ProjectionLinear(nn.Module):
             self.unsupported = str(error)
 
     def _replace_projection(self, replacement):
-        """Drop the current projection for ``replacement`` (or None), warning where CUDA graphs may hold it."""
+        """Drop the current projection for ``replacement`` (or None), keeping what CUDA graphs captured of it."""
         current = self.prepared
         if current is not None and current is not replacement:
-            # The old weight goes back to the caching allocator with it, whatever stream a queued launch reads it on.
+            # What it owns (a gated layer's interleaved weight) goes back to the caching allocator with it, whatever
+            # stream a queued launch reads it on.
             torch.cuda.synchronize(current.device)
-            if self._launched:
+            if current.captured_operands:
+                self._kept_for_graphs.extend(current.captured_operands)
                 warnings.warn(RECAPTURE_WARNING, stacklevel=2)
         self.prepared = replacement
-        self._launched = False
 
     def fall_back(self, reason: str, describe):
         """Count a fallback to F.linear under ``reason``; the layer's first one is logged with ``describe()``.

@@ -2,10 +2,10 @@
 
 A projection is prepared once per weight: every padded batch in its policy
 table gets compiled code (from a cache keyed on code only, so every weight of
-every shape shares it) and the weight's TMA descriptor for that tactic's tile
-height, stored in device memory that no other allocation reuses while launches
-may read it. ``run`` then validates its arguments on the host and launches; it
-allocates nothing, never synchronizes and can be captured in a CUDA graph.
+every shape shares it). ``run`` then validates its arguments on the host and
+launches, the weight's TMA descriptor for that tactic's tile height encoded
+and passed by value; it allocates nothing, never synchronizes and can be
+captured in a CUDA graph.
 """
 
 import logging
@@ -455,9 +455,10 @@ class PreparedProjection:
         FP32 and rounded once, from one kernel.
 
         It owns a copy of both weights, interleaved eight rows at a time (``interleave_gate_up``; as many bytes
-        as the two weights, plus up to 7 zero rows each): drop the originals if nothing else needs them. The
-        tactics are the tables' (or the heuristic's) for the interleaved shape where they can gate, else the
-        nearest that can (``policy.policies.gated_tactic``; ``policy_sources`` says "gated" for those).
+        as the two weights, plus up to 7 zero rows each): drop the originals if nothing else needs them, and keep
+        the projection alive until its launches on any stream have run and while graphs that captured it may
+        replay. The tactics are the tables' (or the heuristic's) for the interleaved shape where they can gate,
+        else the nearest that can (``policy.policies.gated_tactic``; ``policy_sources`` says "gated" for those).
         """
         batches = check_batches(batches, "gated")
         weight = interleave_gate_up(gate_weight, up_weight)
@@ -475,6 +476,12 @@ class PreparedProjection:
         """``{batch: compiled kernel}`` of the last completed ``prepare()``; empty before one or after one failed."""
         launchable = self._launchable
         return launchable.kernels if launchable is not None else {}
+
+    @property
+    def captured_operands(self) -> tuple:
+        """``(weight, bias)`` of every ``prepare()`` a CUDA graph captured a launch of, kept alive with the
+        projection: graphs captured before a new weight go on reading them."""
+        return tuple(self._captured_operands)
 
     @property
     def weight_view(self):
@@ -622,12 +629,16 @@ class PreparedProjection:
             code = launchable.kernels[batch]
             if torch.cuda.current_device() == launchable.device.index:
                 code(*args)
+                captured = not launchable.captured and capturing()
             else:
                 with torch.cuda.device(launchable.device):
                     code(*args)
-            if not launchable.captured and capturing():
+                    captured = not launchable.captured and capturing()
+            if captured:
                 launchable.captured.append(True)
-                self._captured_operands.append((launchable.weight, launchable.bias))
+                operands = (launchable.weight, launchable.bias)
+                if not any(held[0] is operands[0] and held[1] is operands[1] for held in self._captured_operands):
+                    self._captured_operands.append(operands)
         # An in-place write autograd cannot see: a backward that saved ``out`` before this now fails loudly.
         increment_version(out)
         return out

@@ -54,8 +54,9 @@ def test_a_graph_reads_a_weight_updated_in_place_and_keeps_the_old_one_after_a_n
 
 
 def test_dropping_a_projection_with_launches_queued_on_a_side_stream():
-    """The launches queued on another stream read what they were launched with: nothing of the projection they
-    came from is reused while they wait."""
+    """The launches queued on another stream read what they were launched with: the weight's map travels by value
+    with each launch, so dropping the plain projection they came from (its weight is the caller's) changes nothing
+    they read while they wait."""
     weight = torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16)
     others = [torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16) for _ in range(64)]
     x = torch.randn(4, 2048, device="cuda", dtype=torch.bfloat16)

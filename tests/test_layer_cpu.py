@@ -3,6 +3,7 @@
 import gc
 import logging
 import warnings
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -203,17 +204,25 @@ def test_a_weight_in_place_keeps_the_projection_and_new_storage_replaces_it(monk
     # New values in the same storage: CUDA graphs captured before read them through the map they hold.
     assert layer.prepared is first
     assert events == [("prepared", id(first), (48, 64), torch.bfloat16)] * 2
-    layer._launched = True  # as the custom op marks it once the kernel ran: graphs may hold the projection
+    first._captured_operands.append((first.weight, None))  # as run() notes a launch a graph captured
+    old_weight = weakref.ref(first.weight)
     layer.weight.data = torch.randn(48, 64, dtype=torch.bfloat16)  # the same shape, new storage
     with pytest.warns(UserWarning, match="capture them again"):
         layer.prepare()
     second = layer.prepared
-    # Launches on another stream may still read the old weight, which goes back to the allocator with it.
+    # Eager launches on another stream may still read what the old projection owned: the device is waited for.
     assert second is not first and events[2:] == [("prepared", id(second), (48, 64), torch.bfloat16), "synchronized"]
+    del first
+    gc.collect()
+    assert old_weight() is not None, "the graph captured before reads the old weight: the layer keeps it"
     layer.weight.data = torch.randn(96, 64, dtype=torch.bfloat16)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # its kernel never ran: no graph can hold it
+        warnings.simplefilter("error")  # no graph captured the second projection
         layer.prepare()
+    assert len(layer._kept_for_graphs) == 1
+    del layer
+    gc.collect()
+    assert old_weight() is None
     monkeypatch.undo()
     assert "capture them again" in RECAPTURE_WARNING
 
@@ -229,7 +238,7 @@ def test_a_bias_of_new_storage_replaces_the_projection(monkeypatch):
     first = layer.prepared
     layer.prepare()
     assert layer.prepared is first  # the same weight and bias storage
-    layer._launched = True
+    first._captured_operands.append((first.weight, first.bias))  # as run() notes a launch a graph captured
     # A graph captured before holds the old bias's pointer: the layer warns and prepares a new projection.
     with pytest.warns(UserWarning, match="capture them again"):
         layer.bias.data = torch.randn(48, dtype=torch.bfloat16)

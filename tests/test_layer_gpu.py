@@ -127,43 +127,50 @@ def test_cuda_graph_capture_of_a_model():
 
 def test_a_captured_layer_computes_with_new_values_copied_into_its_weight():
     """Copied in place, or loaded without assign: the graph replays with the new values, as one over nn.Linear does.
-    A weight of new storage (assigned, loaded with assign=True, a cast) warns that graphs must be captured again."""
+    A weight of new storage (assigned, loaded with assign=True, a cast) warns that graphs must be captured again;
+    until then they compute with the old weight, which the layer keeps (never with freed memory)."""
     layer = ProjectionLinear(torch.randn(2304, 1536, device="cuda", dtype=torch.bfloat16), batches=(8,))
     x = torch.randn(8, 1536, device="cuda", dtype=torch.bfloat16)
     layer(x)
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = layer(x)
+
+    def capture():
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = layer(x)
+        return graph, out
 
     def fresh():
         return torch.randn(2304, 1536, device="cuda", dtype=torch.bfloat16)
 
+    def replay(graph, out):
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        return out
+
+    graph, out = capture()
     updates = {
         "copied in place": lambda: layer.weight.data.copy_(fresh()),
         "loaded without assign": lambda: layer.load_state_dict({"weight": fresh()}),
     }
     for label, update in updates.items():
         update()
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert_close_to_reference(out, x, layer.weight, label=f"graph replayed after a weight {label}")
+        assert_close_to_reference(replay(graph, out), x, layer.weight, label=f"graph replayed after a weight {label}")
     swaps = {
         "assigned": lambda: setattr(layer, "weight", nn.Parameter(fresh(), requires_grad=False)),
         "loaded with assign=True": lambda: layer.load_state_dict({"weight": fresh()}, assign=True),
     }
     for label, swap in swaps.items():
+        old_weight = layer.weight.detach().clone()
         with pytest.warns(UserWarning, match="capture them again"):
             swap()
+        junk = torch.full((2304, 1600), 7.0, device="cuda", dtype=torch.bfloat16)  # would take a freed weight's memory
+        assert_close_to_reference(replay(graph, out), x, old_weight, label=f"old graph after a weight {label}")
         assert_close_to_reference(layer(x), x, layer.weight, label=f"eager after a weight {label}")
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = layer(x)
-    out.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert_close_to_reference(out, x, layer.weight, label="graph captured again")
+        graph, out = capture()
+        assert_close_to_reference(replay(graph, out), x, layer.weight, label=f"graph captured after a weight {label}")
+        del junk
     assert not layer.fallbacks
     with pytest.warns(UserWarning, match="capture them again"):
         layer.half()
@@ -171,8 +178,9 @@ def test_a_captured_layer_computes_with_new_values_copied_into_its_weight():
 
 
 def test_a_new_bias_gets_a_new_projection_and_a_captured_graph_is_warned_about():
-    """The bias's pointer is an argument of every captured launch: a bias of new storage cannot be written into
-    the kernel a graph holds, so the layer prepares a new projection and warns, as for a weight of a new shape."""
+    """The bias's pointer is an argument of every captured launch: a bias of new storage cannot reach the kernel a
+    graph holds, so the layer prepares a new projection and warns, as for a weight of new storage; the graph goes
+    on adding the old bias, which the layer keeps."""
     import warnings
 
     from decode_projection.layer import RECAPTURE_WARNING
@@ -181,9 +189,17 @@ def test_a_new_bias_gets_a_new_projection_and_a_captured_graph_is_warned_about()
                              torch.randn(2304, device="cuda", dtype=torch.bfloat16), batches=(4,))
     x = torch.randn(4, 1536, device="cuda", dtype=torch.bfloat16)
     layer(x)
-    first = layer.prepared
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = layer(x)
+    first, old_bias = layer.prepared, layer.bias.detach().clone()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         layer.bias = torch.nn.Parameter(torch.randn(2304, device="cuda", dtype=torch.bfloat16), requires_grad=False)
     assert layer.prepared is not first and any(RECAPTURE_WARNING in str(w.message) for w in caught)
     assert_close_to_reference(layer(x), x, layer.weight, addend=layer.bias.double()[None, :], label="new bias")
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close_to_reference(out, x, layer.weight, addend=old_bias.double()[None, :], label="old graph, old bias")

@@ -14,7 +14,7 @@ import cutlass.cute as cute
 import pytest
 import torch
 
-from decode_projection import PreparedProjection, SplitKTactic, compile_projection, projection, runtime
+from decode_projection import PreparedProjection, SplitKTactic, compile_projection, projection
 from decode_projection.projection import Epilogue
 from decode_projection.kernel.splitk import EVICT_LAST, SplitKGemm
 from decode_projection.kernel.tactic import PRODUCER_REGISTERS, as_tactic, max_stages

@@ -294,8 +294,8 @@ class SplitKGemm:
         )
 
         if warp == self.producer_warp:
-            # The weight's map first, before the pipeline's set-up and its CTA barrier: its acquire and prefetch
-            # then overlap the barrier initialisation instead of following it. The activations' map is prefetched
+            # The weight's map first, before the pipeline's set-up and its CTA barrier: its prefetch then overlaps
+            # the barrier initialisation instead of following it. The activations' map is prefetched
             # below, where its parameter address stays live for the loads that use it.
             self.prefetch_weight_map(weight_map)
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)

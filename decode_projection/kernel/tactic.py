@@ -162,7 +162,7 @@ class SplitKTactic:
 
     @property
     def weight_load_rows(self) -> int:
-        """Weight rows of one TMA load: the device map's box."""
+        """Weight rows of one TMA load: the rows of the weight map's box."""
         return self.weight_rows // self.weight_sharers
 
     @property
