@@ -628,17 +628,20 @@ class PreparedProjection:
                 args = (*args, residual_view, launchable.bias_view)
             code = launchable.kernels[batch]
             if torch.cuda.current_device() == launchable.device.index:
-                code(*args)
-                captured = not launchable.captured and capturing()
+                self._launch(code, args, launchable)
             else:
                 with torch.cuda.device(launchable.device):
-                    code(*args)
-                    captured = not launchable.captured and capturing()
-            if captured:
-                launchable.captured.append(True)
-                operands = (launchable.weight, launchable.bias)
-                if not any(held[0] is operands[0] and held[1] is operands[1] for held in self._captured_operands):
-                    self._captured_operands.append(operands)
+                    self._launch(code, args, launchable)
         # An in-place write autograd cannot see: a backward that saved ``out`` before this now fails loudly.
         increment_version(out)
         return out
+
+    def _launch(self, code, args, launchable):
+        """Launch on the current device; where a CUDA graph captures the launch, keep the weight and bias it reads
+        alive with the projection (once per pair)."""
+        code(*args)
+        if not launchable.captured and capturing():
+            launchable.captured.append(True)
+            if not any(weight is launchable.weight and bias is launchable.bias
+                       for weight, bias in self._captured_operands):
+                self._captured_operands.append((launchable.weight, launchable.bias))
