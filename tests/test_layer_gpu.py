@@ -20,6 +20,16 @@ def poisoned_allocations():
     torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
+def captured(module, x):
+    """``(graph, out)``: ``module(x)`` captured in a CUDA graph after one eager call (modules load outside it)."""
+    module(x)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = module(x)
+    return graph, out
+
+
 class TwoLayers(nn.Module):
     def __init__(self):
         super().__init__()
@@ -112,11 +122,7 @@ def test_torch_compile_fullgraph_runs_the_kernel():
 def test_cuda_graph_capture_of_a_model():
     model = TwoLayers()
     x = torch.randn(8, 1536, device="cuda", dtype=torch.bfloat16)
-    model(x)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = model(x)
+    graph, out = captured(model, x)
     for _ in range(3):
         x.copy_(torch.randn_like(x))
         graph.replay()
@@ -131,14 +137,6 @@ def test_a_captured_layer_computes_with_new_values_copied_into_its_weight():
     until then they compute with the old weight, which the layer keeps (never with freed memory)."""
     layer = ProjectionLinear(torch.randn(2304, 1536, device="cuda", dtype=torch.bfloat16), batches=(8,))
     x = torch.randn(8, 1536, device="cuda", dtype=torch.bfloat16)
-    layer(x)
-    torch.cuda.synchronize()
-
-    def capture():
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = layer(x)
-        return graph, out
 
     def fresh():
         return torch.randn(2304, 1536, device="cuda", dtype=torch.bfloat16)
@@ -149,7 +147,7 @@ def test_a_captured_layer_computes_with_new_values_copied_into_its_weight():
         torch.cuda.synchronize()
         return out
 
-    graph, out = capture()
+    graph, out = captured(layer, x)
     updates = {
         "copied in place": lambda: layer.weight.data.copy_(fresh()),
         "loaded without assign": lambda: layer.load_state_dict({"weight": fresh()}),
@@ -168,7 +166,7 @@ def test_a_captured_layer_computes_with_new_values_copied_into_its_weight():
         junk = torch.full((2304, 1600), 7.0, device="cuda", dtype=torch.bfloat16)  # would take a freed weight's memory
         assert_close_to_reference(replay(graph, out), x, old_weight, label=f"old graph after a weight {label}")
         assert_close_to_reference(layer(x), x, layer.weight, label=f"eager after a weight {label}")
-        graph, out = capture()
+        graph, out = captured(layer, x)
         assert_close_to_reference(replay(graph, out), x, layer.weight, label=f"graph captured after a weight {label}")
         del junk
     assert not layer.fallbacks
@@ -188,11 +186,7 @@ def test_a_new_bias_gets_a_new_projection_and_a_captured_graph_is_warned_about()
     layer = ProjectionLinear(torch.randn(2304, 1536, device="cuda", dtype=torch.bfloat16),
                              torch.randn(2304, device="cuda", dtype=torch.bfloat16), batches=(4,))
     x = torch.randn(4, 1536, device="cuda", dtype=torch.bfloat16)
-    layer(x)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = layer(x)
+    graph, out = captured(layer, x)
     first, old_bias = layer.prepared, layer.bias.detach().clone()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
