@@ -404,9 +404,9 @@ class SplitKGemm:
 
     def weight_map(self, weight):
         """The weight's TMA map, encoded at launch and passed by value: boxes of 64 columns x the tactic's weight
-        load rows, 128-byte swizzle, 128-byte L2 promotion, the row pitch kept. Passed by value it needs no acquire
-        (a map in device memory did, in every CTA, and there the CTAs' first loads spread over 0.5 us more after
-        another kernel: docs/launch-contexts.md)."""
+        load rows, 128-byte swizzle, 128-byte L2 promotion, the row pitch kept. By value no CTA has to acquire it
+        before its first load, which after another kernel lets every CTA start streaming at once
+        (docs/launch-contexts.md)."""
         pitch = weight.stride[0]
         # 128-byte promotion, not 256: each box row is exactly 128 B, and the wider promotion streamed 2-8% slower
         # on the H200 with the same DRAM bytes (docs/measurements/2026-12-02-l2-promotion-h200.txt).
