@@ -6,14 +6,14 @@ Rows, per width and padded batch:
 - ``fused_add_rms_norm``: ours next to ``x + residual`` then ``F.rms_norm`` (two kernels);
 - ``silu_and_mul``: ours next to ``F.silu(gate) * up``.
 
-Alone, each op is timed as the benchmark times projections (``decode_projection.timing``: CUDA-graph replay
+Alone, each op is timed as the benchmark times projections (``decode_projection.measure.timing``: CUDA-graph replay
 of many launches, medians of rounds, providers replayed in turn); its inputs stay warm in L2, as they are in a
 model, where the kernel before just wrote them. In front of a projection (``--pairs``, on by default) each op is
 followed by the projection that follows it in a Kimi-K3 layer (the norm by fused_qkv_a 2112x7168, SiLU-and-mul
 by the dense down 7168x4224), weights rotated cold; the time is of the pair. Ours lets the projection's weight
 stream start while the glue still runs (it triggers its dependents as it starts); after PyTorch's ops the
 projection is timed both with programmatic launch and plain. Every output of ours is checked against float64
-(decode_projection.ops_reference) before it is timed. Needs a Hopper GPU.
+(decode_projection.measure.ops_reference) before it is timed. Needs a Hopper GPU.
 
     python benchmarks/glue_ops.py
     python benchmarks/glue_ops.py --batches 1,8,64 --no-pairs --json glue.json

@@ -439,7 +439,7 @@ def run_glue(case: GlueCase) -> str:
     """Launch one glue case (NaN-filled outputs where not in place) and check it on the CPU."""
     from decode_projection import activation, glue, norm
     from decode_projection.measure.checks import assert_close_to_reference
-    from decode_projection.ops_reference import (
+    from decode_projection.measure.ops_reference import (
         GlueReference, rms_norm_float64, silu_and_mul_float64, torch_rms_norm, torch_silu_and_mul,
     )
 

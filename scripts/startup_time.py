@@ -18,10 +18,10 @@ import time
 CHILD = """
 import time, torch
 started = time.perf_counter()
-from decode_projection.gpu import H200
-from decode_projection.policies import resolve_policies
+from decode_projection.runtime.gpu import H200
+from decode_projection.policy.policies import resolve_policies
+from decode_projection.policy.workload import DECODE_BATCHES, KIMI_K3_SHAPES
 from decode_projection.projection import PreparedProjection, compile_projection
-from decode_projection.workload import DECODE_BATCHES, KIMI_K3_SHAPES
 imported = time.perf_counter()
 if torch.cuda.is_available():
     for n, k in KIMI_K3_SHAPES:

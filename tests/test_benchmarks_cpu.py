@@ -12,10 +12,10 @@ import torch
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
 from decode_projection.kernel.splitk import SplitKGemm
+from decode_projection.kernel.tactic import SplitKTactic
 from decode_projection.measure.ceiling import fake_bytes
 from decode_projection.projection import kernel_arguments
 from decode_projection.runtime.sass import kernel_report
-from decode_projection.tactic import SplitKTactic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import startup_probe  # noqa: E402
