@@ -21,8 +21,11 @@ about 0.5% in the geometric mean); each run's geometric means are printed too.
 
 The figures of bytes at 4.4 TB/s and of bar 3 are the H200's HBM: runs on
 another GPU (the ``gpu`` of each run's metadata) are judged on bar 1 by the read
-ceiling of the same run only, not on bar 3, and say so. Runs of different GPUs
-are refused: their medians would mean nothing.
+ceiling of the same run only, not on bar 3, and say so. They are judged on the
+card bar instead (the H100 issue's): in chain at batch 1..64, time <= bytes at
+the read ceiling's rate + 2.0 us, the rate being the fastest the read ceiling
+streamed in chain in the same runs (on the largest weight). Runs of different
+GPUs are refused: their medians would mean nothing.
 
     python scripts/speed_bars.py docs/measurements/<date>-bench-h200-{1,2,3}.json
 """
@@ -45,6 +48,7 @@ LARGE_WEIGHT_BYTES = 50e6  # bar 3: weights this large ...
 LEAST_TBPS = 4.2  # ... stream at least this fast ...
 STREAMING_CONTEXTS = ("chain", "pdl-glue")  # ... in these contexts
 COMPUTE_BOUND_SLACK = 1.05  # bar 4: at most this much over torch.matmul
+CARD_SLACK_US = 2.0  # card bar, off the H200: bytes at the run's own read ceiling plus this, in chain
 
 
 def bar1_limit_us(cell, *, absolute=True):
@@ -84,6 +88,23 @@ def misses(cells, *, absolute=True):
             found[4].append(f"{c['n']}x{c['k']} M={c['batch']}: {c['us']:.2f} us > "
                             f"{COMPUTE_BOUND_SLACK} x {c['cublas_us']:.2f}")
     return found, geomean, len(streaming_cells)
+
+
+def read_ceiling_bytes_per_us(cells):
+    """The fastest rate, in bytes per us, at which the read ceiling streamed a weight back to back among the cells
+    (in practice the largest weight's), or None where no chain cell has a ceiling."""
+    rates = [c["n"] * c["k"] * 2 / c["ceiling_us"] for c in cells if c["context"] == "chain" and c.get("ceiling_us")]
+    return max(rates, default=None)
+
+
+def card_bar_misses(cells, bytes_per_us):
+    """The chain cells at streaming batches over bytes / ``bytes_per_us`` + CARD_SLACK_US."""
+    found = []
+    for c in streaming(cells):
+        limit = (c["n"] * c["k"] + c["batch"] * c["k"]) * 2 / bytes_per_us + CARD_SLACK_US
+        if c["context"] == "chain" and c["us"] > limit:
+            found.append(f"{c['n']}x{c['k']} M={c['batch']}: {c['us']:.2f} us > {limit:.2f}")
+    return found
 
 
 def ceiling_speedup(cells):
@@ -167,6 +188,16 @@ def main():
             for bar in judged:
                 for line in found[bar]:
                     print(f"  bar {bar}  {line}")
+    if not absolute and (rate := read_ceiling_bytes_per_us(cells)) is not None:
+        for (policy, context), found_cells in groups(cells).items():
+            if context != "chain":
+                continue
+            found = card_bar_misses(found_cells, rate)
+            print(f"{policy} chain, card bar: time <= bytes / {rate / 1e6:.3f} TB/s (this read ceiling) + "
+                  f"{CARD_SLACK_US} us at M<={LAST_STREAMING_BATCH}: misses {len(found)} cells")
+            missed |= bool(found)
+            for line in ([] if args.quiet else found):
+                print(f"  card  {line}")
     over = invariant_excess(cells)
     if over:
         print(f"batch-invariant: {len(over)} cells at M<=64 more than {INVARIANT_EXCESS - 1:.0%} over tuned")
