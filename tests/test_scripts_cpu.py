@@ -481,3 +481,29 @@ def test_heuristic_regret_takes_each_cell_from_the_last_file_that_timed_it():
         return {(c["n"], c["k"], c["batch"]): c["file"] for c in regret.newest_cells(documents)}
     assert files([older, newer]) == {(1, 2, 1): "old", (1, 2, 8): "new", (3, 2, 1): "new"}
     assert files([newer, older])[1, 2, 8] == "old"  # the order given decides
+
+
+def test_early_trigger_pairs_compare_each_twin_across_two_sets_of_timings(tmp_path, capsys):
+    pairs = load_script("early_trigger_pairs")
+    tactic = {"weight_rows": 64, "activation_rows": 8, "split": 1, "stages": 6, "k_boxes": 4, "multicast": 1,
+              "column_groups": 1, "weight_as_b": False, "fold": 1}
+    early, plain = {**tactic, "dependents_at_start": True}, {**tactic, "dependents_at_start": False}
+    lone = {**tactic, "stages": 12, "dependents_at_start": True}  # no plain twin: not a pair
+
+    def timings(path, batch_us):
+        cells = [{"n": 8448, "k": 7168, "batch": batch, "contexts": ["chain", "glue"],
+                  "timed": [[early, *e], [plain, *p], [lone, 1.0, 1.0]]} for batch, (e, p) in batch_us.items()]
+        path.write_text(json.dumps(cells))
+        return str(path)
+
+    # Batch 1 and 8: E slower by 0.5 / 0.7 us back to back, plain faster by 0.9 / 0.7; after glue both 0.4 faster.
+    # Batch 128 is past the streaming batches and ignored.
+    before = timings(tmp_path / "before.json", {1: ((38.0, 41.0), (39.9, 41.0)), 8: ((38.0, 41.0), (39.9, 41.0)),
+                                                 128: ((50.0, 50.0), (50.0, 50.0))})
+    after = timings(tmp_path / "after.json", {1: ((38.5, 40.6), (39.0, 40.6)), 8: ((38.7, 40.6), (39.2, 40.6)),
+                                               128: ((90.0, 90.0), (10.0, 10.0))})
+    (count, shift), = pairs.shifts(pairs.twins([before]), pairs.twins([after])).values()
+    assert count == 2
+    assert shift["chain"] == pytest.approx((0.6, -0.8)) and shift["glue"] == pytest.approx((-0.4, -0.4))
+    assert pairs.main(["--before", before, "--after", after]) == 0
+    assert "8448x7168: 2 pairs   chain +0.60 / -0.80   glue -0.40 / -0.40" in capsys.readouterr().out
