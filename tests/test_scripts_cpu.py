@@ -126,24 +126,34 @@ def test_speed_bars_want_three_runs_of_one_gpu_and_use_its_own_ceiling_off_the_h
     assert "different GPUs" in capsys.readouterr().err
 
 
-def test_card_bar_off_the_h200_takes_the_read_ceilings_fastest_rate_of_the_same_runs(tmp_path, monkeypatch, capsys):
+def test_card_bar_off_the_h200_takes_the_read_ceilings_fastest_rate_on_large_weights(tmp_path, monkeypatch, capsys):
     bars = load_script("speed_bars")
-    # The read ceiling streams 20480 x 7168 (293.6 MB) in 95.4 us back to back, faster than it streams 2112 x 7168.
-    cells = [cell(20480, 7168, 1, 97.0, 104.0, ceiling_us=95.4), cell(2112, 7168, 1, 11.0, 15.0, ceiling_us=11.2),
-             cell(2112, 7168, 64, 13.0, 16.0, ceiling_us=11.3),
-             cell(2112, 7168, 1, 14.0, 15.0, context="glue", ceiling_us=11.3)]
+    # The read ceiling streams 20480 x 7168 (293.6 MB) back to back in 95.4 us: 3.078 TB/s. Neither the small
+    # weight's faster-looking rate (393 KB in 0.05 us) nor a faster ceiling after glue sets the rate.
+    cells = [cell(20480, 7168, 1, 95.5, 130.0, ceiling_us=95.4),
+             cell(1536, 128, 1, 0.3, 3.0, ceiling_us=0.05),
+             cell(2112, 7168, 64, 12.5, 20.0, ceiling_us=12.5),  # within its own ceiling + 0.3, over the card bar
+             cell(2112, 7168, 96, 13.0, 20.0, ceiling_us=12.9),  # over the card bar, past the streaming batches
+             cell(20480, 7168, 1, 60.0, 130.0, context="glue", ceiling_us=60.0)]
     rate = bars.read_ceiling_bytes_per_us(cells)
     assert rate == 20480 * 7168 * 2 / 95.4
-    # Limits: 97.40 us (20480 x 7168 M=1), 11.84 (2112 x 7168 M=1), 12.14 (M=64); after glue nothing is judged.
-    (miss,) = bars.card_bar_misses(cells, rate)
-    assert miss == "2112x7168 M=64: 13.00 us > 12.14"
-    assert bars.read_ceiling_bytes_per_us([cell(2112, 7168, 1, 11.0, 15.0)]) is None
+    assert bars.read_ceiling_bytes_per_us(cells[1:4]) is None  # no weight of 50 MB or more
+    # Limits: 97.40 us (20480 x 7168 M=1), 2.13 (1536 x 128 M=1), 12.14 (2112 x 7168 M=64).
+    assert bars.card_limit_us(cells[2], rate) == pytest.approx((2112 + 64) * 7168 * 2 / rate + 2.0)
+    assert bars.card_bar_misses(cells, rate) == ["2112x7168 M=64: 12.50 us > 12.14"]
+    # Every other bar holds, so the card bar alone fails the runs.
     runs = [write_bench(tmp_path / f"h100-{run}.json", "NVIDIA H100 80GB HBM3", cells) for run in range(3)]
     monkeypatch.setattr("sys.argv", ["speed_bars", *runs])
     assert bars.main() == 1
+    out = capsys.readouterr().out
+    assert "tuned chain: geometric mean at M<=64 2.793x over 3 cells; misses bar 1: 0 cells, bar 2: 0 cells, " \
+        "bar 4: 0 cells" in out and "tuned glue: geometric mean at M<=64 2.167x over 1 cells; misses bar 1: 0" in out
     assert "tuned chain, card bar: time <= bytes / 3.078 TB/s (this read ceiling) + 2.0 us at M<=64: misses 1 " \
-        "cells\n  card  2112x7168 M=64" in capsys.readouterr().out
-    # On the H200 the absolute bars hold instead.
+        "cells\n  card  2112x7168 M=64" in out
+    # Runs without a large weight say the card bar was not judged; on the H200 the absolute bars hold instead.
+    runs = [write_bench(tmp_path / f"small-{run}.json", "NVIDIA H100 80GB HBM3", cells[1:3]) for run in range(3)]
+    monkeypatch.setattr("sys.argv", ["speed_bars", *runs])
+    assert bars.main() == 0 and "card bar not judged" in capsys.readouterr().out
     runs = [write_bench(tmp_path / f"h200-{run}.json", "NVIDIA H200", cells) for run in range(3)]
     monkeypatch.setattr("sys.argv", ["speed_bars", *runs])
     bars.main()
@@ -430,6 +440,16 @@ def test_epilogue_bars_judge_each_cells_medians(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "M <= 64: misses bar 1: 0, bar 2: 0, bar 3: 0" in out
     assert "beyond the bars: bar 1  7168x1536 M=96 residual glue" in out and "M > 64 (beyond the bars" in out
+    # M = 64 is the last batch the bars hold for: a miss there fails the runs.
+    for i in range(3):
+        path = tmp_path / f"{i}.json.gz"
+        with gzip.open(path, "rt") as handle:
+            document = json.load(handle)
+        document["cells"][-1]["batch"] = 64
+        with gzip.open(path, "wt") as handle:
+            json.dump(document, handle)
+    assert bars.main([str(tmp_path / f"{i}.json.gz") for i in range(3)]) == 1
+    assert "bar 1  7168x1536 M=64 residual glue" in capsys.readouterr().out
 
 
 def test_compare_runs_sums_up_each_set_by_its_medians_and_lists_changed_tactics(tmp_path, capsys):
