@@ -12,9 +12,9 @@ import argparse
 import statistics
 
 from decode_projection.measure.report import read_document
+from decode_projection.policy.workload import LAST_STREAMING_BATCH
 
 CONTEXTS = ("chain", "pdl-glue", "glue")
-LAST_STREAMING_BATCH = 64  # as in the speed bars: the batches where the early trigger is in the tables
 
 
 def twins(paths) -> dict:

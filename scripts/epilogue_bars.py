@@ -17,10 +17,10 @@ import sys
 from collections import defaultdict
 
 from decode_projection.measure.report import read_document
+from decode_projection.policy.workload import LAST_STREAMING_BATCH  # the bars hold up to here
 
 LEAST_RUNS = 3
 FUSED_EXTRA_US = 0.3  # bar 1
-LAST_BAR_BATCH = 64  # the bars hold up to this batch
 FIELDS = ("plain_us", "fused_us", "separate_us", "torch_us")
 
 
@@ -68,17 +68,17 @@ def main(argv=None) -> int:
         parser.error(f"runs of different GPUs: {sorted(map(str, gpus))}")
     gpu = gpus.pop()
     cells = medians(runs)
-    judged = misses({key: us for key, us in cells.items() if key[2] <= LAST_BAR_BATCH})
-    larger = {key: us for key, us in cells.items() if key[2] > LAST_BAR_BATCH}
+    judged = misses({key: us for key, us in cells.items() if key[2] <= LAST_STREAMING_BATCH})
+    larger = {key: us for key, us in cells.items() if key[2] > LAST_STREAMING_BATCH}
     beyond = misses(larger)
     for bar, line in judged:
         print(f"bar {bar}  {line}")
     verdict = "a look, not a verdict" if len(runs) < LEAST_RUNS else "medians"
-    print(f"{gpu}, {len(runs)} run(s) ({verdict}), M <= {LAST_BAR_BATCH}: {counts(judged)}")
+    print(f"{gpu}, {len(runs)} run(s) ({verdict}), M <= {LAST_STREAMING_BATCH}: {counts(judged)}")
     if larger:
         for bar, line in beyond:
             print(f"  beyond the bars: bar {bar}  {line}")
-        print(f"{gpu}, M > {LAST_BAR_BATCH} (beyond the bars, a look): {counts(beyond)}")
+        print(f"{gpu}, M > {LAST_STREAMING_BATCH} (beyond the bars, a look): {counts(beyond)}")
     return 1 if judged and len(runs) >= LEAST_RUNS else 0
 
 

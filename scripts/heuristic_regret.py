@@ -18,10 +18,10 @@ from decode_projection.kernel.tactic import stored_tactic
 from decode_projection.measure.report import read_document
 from decode_projection.measure.timing import geometric_mean
 from decode_projection.policy.policies import default_tactic
+from decode_projection.policy.workload import LAST_STREAMING_BATCH
 from decode_projection.runtime.gpu import H200, KNOWN_GPUS
 from decode_projection.tuning.tune import row_times
 
-LAST_STREAMING_BATCH = 64
 FAR_BEHIND = 1.10  # issue 44's bar: the heuristic within 10% of the tuned table in every cell
 
 

@@ -36,11 +36,11 @@ from collections import defaultdict
 
 from decode_projection.measure.report import document_cells, median_cells, read_document
 from decode_projection.measure.timing import geometric_mean
+from decode_projection.policy.workload import LAST_STREAMING_BATCH  # bars 1-3 hold up to here, bar 4 above
 from decode_projection.tuning.tune import INVARIANT_EXCESS  # batch-invariant over tuned time, per cell, M <= 64
 
 BARS_GPU = "NVIDIA H200"  # the bytes-per-second figures of bars 1 and 3 are this GPU's
 LEAST_RUNS = 3  # the bars hold for medians of this many runs
-LAST_STREAMING_BATCH = 64  # bars 1-3 hold up to here, bar 4 above
 BYTES_PER_US = 4.4e6  # bar 1: bytes at 4.4 TB/s ...
 SLACK_US = {"chain": 1.5, "pdl-glue": 1.5, "glue": 2.2}  # ... plus this, by context ...
 CEILING_SLACK_US = {"chain": 0.3, "pdl-glue": 0.3, "glue": 0.5}  # ... or the read ceiling plus this

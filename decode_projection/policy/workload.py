@@ -20,3 +20,5 @@ KIMI_K3_SHAPES = {
 }
 
 DECODE_BATCHES = (1, 2, 3, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+# The issues' bars split the batches here: streaming (bandwidth-bound) up to it, compute-bound past it.
+LAST_STREAMING_BATCH = 64
