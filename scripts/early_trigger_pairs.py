@@ -13,6 +13,7 @@ import statistics
 
 from decode_projection.measure.report import read_document
 from decode_projection.policy.workload import LAST_STREAMING_BATCH
+from decode_projection.tuning.tune import row_times
 
 CONTEXTS = ("chain", "pdl-glue", "glue")
 
@@ -26,10 +27,10 @@ def twins(paths) -> dict:
             if cell["batch"] > LAST_STREAMING_BATCH:
                 continue
             timed = {}
-            for tactic, *us in cell["timed"]:
+            for tactic, us in row_times(cell):
                 plain = tuple(sorted((field, value) for field, value in tactic.items()
                                      if field != "dependents_at_start"))
-                timed[plain, tactic["dependents_at_start"]] = dict(zip(cell["contexts"], us))
+                timed[plain, tactic["dependents_at_start"]] = us
             for (plain, early), us in timed.items():
                 if early and (plain, False) in timed:
                     found[cell["n"], cell["k"], cell["batch"], plain] = (us, timed[plain, False])

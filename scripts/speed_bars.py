@@ -107,8 +107,9 @@ def card_limit_us(cell, bytes_per_us):
 
 def card_bar_misses(cells, bytes_per_us):
     """The cells of one policy in chain at streaming batches over their card_limit_us."""
-    return [f"{c['n']}x{c['k']} M={c['batch']}: {c['us']:.2f} us > {card_limit_us(c, bytes_per_us):.2f}"
-            for c in streaming(cells) if c["context"] == "chain" and c["us"] > card_limit_us(c, bytes_per_us)]
+    limits = [(c, card_limit_us(c, bytes_per_us)) for c in streaming(cells) if c["context"] == "chain"]
+    return [f"{c['n']}x{c['k']} M={c['batch']}: {c['us']:.2f} us > {limit:.2f}"
+            for c, limit in limits if c["us"] > limit]
 
 
 def ceiling_speedup(cells):
