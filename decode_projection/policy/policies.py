@@ -130,9 +130,9 @@ def starting_dependents_early(tactic: SplitKTactic, gpu: GpuSpec = H200) -> Spli
     # In the tune timings (the geometric mean over launch contexts, as the tuner ranks) the early twin of such a
     # streaming pick ran faster in 110 of 110 H100 cells (2026-12-06: 1.033x the best timed tactic -> 1.008x) and
     # 84 of 85 H200 cells (2026-12-04/05), the early twins of batch-invariant picks faster on average too
-    # (docs/measurements/2026-12-06-heuristic-rules-h100.txt). With the weight's map passed by value it pays less
-    # and still pays: 344 of 422 timed twin pairs at M <= 64 faster, 0.5-2% by geometric mean (the H100 re-tunes
-    # of 2026-12-07, docs/launch-contexts.md). It does not change the order K is summed in.
+    # (docs/measurements/2026-12-06-heuristic-rules-h100.txt), and in the H100 re-tunes of 2026-12-07 (the kernel
+    # as it is, the weight's map passed by value) in 344 of 422 timed twin pairs at M <= 64, by 0.5-2%
+    # (docs/launch-contexts.md). It does not change the order K is summed in.
     return replace(tactic, dependents_at_start=True) if may_start_dependents_early(tactic, gpu) else tactic
 
 
