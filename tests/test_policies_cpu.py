@@ -14,7 +14,7 @@ from decode_projection.policy import policies, tables
 from decode_projection.policy.policies import (
     COMPUTE_BOUND_ROWS, STREAMING_STAGE_BYTES, activation_rows_for, activation_tile_choices, covering_tile_grid,
     default_tactic, filling_tactic, folded_tactic, grid_ctas, one_wave_tactic, predicted_time_us, resolve_policies,
-    shared_weight_tactic, waves,
+    shared_weight_tactic, split_rule_tactic, waves,
 )
 from decode_projection.policy.workload import DECODE_BATCHES, KIMI_K3_SHAPES
 from decode_projection.runtime.gpu import H100, H200, KNOWN_GPUS, GpuSpec, device_index
@@ -30,7 +30,7 @@ def early_start(*fields, **named) -> SplitKTactic:
 
 # The heuristic's H200 choices at batches 1, 16, 64 and 256: one tile per SM where N / SMs rounds to 32-192 rows,
 # folded into one warpgroup tile at batches up to 16 where N / SMs is 12-32 rows, else split K (3 where that grid
-# keeps within half the SMs), stages of up to 40 KB, letting the next launch in as it starts (so do unsplit tiles
+# keeps within half the SMs; 64-row tiles from 48 activation rows on), stages of up to 40 KB, letting the next launch in as it starts (so do unsplit tiles
 # alone on an SM); at 256 two
 # 128-row activation tiles sharing each weight tile where N / 66 rounds to 48-256 rows, else the fullest grid that
 # fits in one wave, or where that tiles the batch one over the whole batch that fills 70% of the SMs (its 64-row tiles
@@ -38,15 +38,15 @@ def early_start(*fields, **named) -> SplitKTactic:
 # tiles in the fewest CTAs that reach a third of the SMs, letting the next launch in early.
 PINNED = [
     ((2112, 7168), early_start(16, 8, 1, 4, k_boxes=4, fold=4), SplitKTactic(128, 16, 3, 6, k_boxes=2),
-     SplitKTactic(128, 64, 3, 9), SplitKTactic(64, 256, 3, 5, column_groups=2)),
+     SplitKTactic(64, 64, 2, 7, k_boxes=2), SplitKTactic(64, 256, 3, 5, column_groups=2)),
     ((2304, 1536), SplitKTactic(128, 8, 3, 6, k_boxes=2), SplitKTactic(128, 16, 3, 6, k_boxes=2),
-     SplitKTactic(128, 64, 3, 9), SplitKTactic(48, 128, 1, 10, multicast=2, weight_as_b=True)),
+     SplitKTactic(64, 64, 2, 7, k_boxes=2), SplitKTactic(48, 128, 1, 10, multicast=2, weight_as_b=True)),
     ((7168, 1536), early_start(56, 8, 1, 6, k_boxes=4), early_start(56, 16, 1, 5, k_boxes=4),
      early_start(56, 64, 1, 7, k_boxes=2), SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True)),
     ((1536, 7168), early_start(12, 8, 1, 4, k_boxes=4, fold=4), SplitKTactic(128, 16, 8, 6, k_boxes=2),
-     SplitKTactic(128, 64, 8, 9), SplitKTactic(64, 256, 4, 5, column_groups=2)),
+     SplitKTactic(64, 64, 4, 7, k_boxes=2), SplitKTactic(64, 256, 4, 5, column_groups=2)),
     ((3072, 7168), early_start(24, 8, 1, 5, k_boxes=4, fold=2), early_start(24, 16, 1, 9, k_boxes=2, fold=2),
-     SplitKTactic(128, 64, 4, 9), SplitKTactic(48, 128, 1, 10, multicast=2, weight_as_b=True)),
+     SplitKTactic(64, 64, 2, 7, k_boxes=2), SplitKTactic(48, 128, 1, 10, multicast=2, weight_as_b=True)),
     ((7168, 768), early_start(56, 8, 1, 6, k_boxes=4), early_start(56, 16, 1, 5, k_boxes=4),
      early_start(56, 64, 1, 7, k_boxes=2), SplitKTactic(112, 128, 1, 7, multicast=2, weight_as_b=True)),
     ((6288, 7168), early_start(48, 8, 1, 6, k_boxes=4), early_start(48, 16, 1, 5, k_boxes=4),
@@ -535,16 +535,32 @@ def test_the_tuner_still_times_what_the_one_wave_rules_turned_away_from():
                     assert with_k_boxes(pick, 1) in offered, f"{n}x{k} M={batch}"
 
 
+def test_wide_activation_tiles_take_64_row_split_tiles_timed_next_to_the_128_row_pick():
+    # From 48 activation rows on the split rule takes 64-row tiles; the 128-row pick it turned away from (2112 rows:
+    # split 3, 1536 rows: split 8) is among the tuner's candidates. Not under batch invariance (batch 1's tiles).
+    for gpu in KNOWN_GPUS.values():
+        for (n, k), narrow_split in (((2112, 7168), 3), ((1536, 7168), 8), ((3072, 7168), 4), ((2304, 1536), 3)):
+            for batch in (48, 64):
+                pick = default_tactic(n, k, batch, gpu)
+                assert pick == split_rule_tactic(n, k, batch, gpu) and pick.weight_rows == 64, f"{n}x{k} M={batch}"
+                twin = split_rule_tactic(n, k, batch, gpu, wide_rule=False)
+                assert (twin.weight_rows, twin.split) == (128, narrow_split)
+                assert twin in candidate_tactics(n, k, batch, gpu, limit=12), f"{n}x{k} M={batch}"
+            assert default_tactic(n, k, 32, gpu) == split_rule_tactic(n, k, 32, gpu, wide_rule=False)
+    assert default_tactic(2112, 7168, 64, batch_invariant=True).weight_rows == 128
+    assert candidates.wide_rule_twins(default_tactic(2112, 7168, 64), 2112, 7168, 64, order=(4, 1)) == []
+
+
 def test_a_streaming_pick_split_3_or_4_is_timed_next_to_its_twin_in_the_other():
     # 2112 rows (17 tiles of 128) reach the CTA target split 3 in 51 CTAs, within half the SMs: split 3, its split-4
     # twin (the former pick) timed next to it; 3072 rows (24 tiles) would take 72 split 3, so split 4 and its split-3
     # twin in one-box stages.
     for gpu in KNOWN_GPUS.values():
-        for batch in (16, 24, 32, 48, 64):
+        for batch in (16, 24, 32):
             pick = default_tactic(2112, 7168, batch, gpu)
             assert pick.split == 3
             assert replace(pick, split=4) in candidate_tactics(2112, 7168, batch, gpu, limit=12), f"M={batch}"
-        for batch in (32, 48, 64):
+        for batch in (24, 32):
             pick = default_tactic(3072, 7168, batch, gpu)
             assert pick.split == 4
             twin = SplitKTactic(pick.weight_rows, pick.activation_rows, 3,

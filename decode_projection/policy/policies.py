@@ -35,6 +35,7 @@ HEURISTIC_WEIGHT_ROWS = (64, 128)  # and to the weight tiles it was measured wit
 STREAMING_CTA_FRACTION = 0.375  # CTAs per SM that saturate HBM with deep pipelines
 SPLIT_THREE_FILL = 0.5  # the streaming rule also splits 3 where that grid keeps within this share of the SMs
 COMPUTE_BOUND_ROWS = 96  # activation tiles from here on are bound by the tensor cores
+WIDE_ACTIVATION_ROWS = 48  # from this activation tile on, the split rule's weight tiles are 64 rows
 MIN_STAGES = 3  # one-box stages: shallower pipelines never won a sweep (wide stages may go to 2)
 # A streaming stage takes as many TMA boxes of K as keep it within this: in the H200 timings the fills of
 # 48-64 rows won with 4 boxes at M <= 16 and 2 from M = 32 on, the 160-row fill of 20480 x 7168 with 1, and
@@ -92,9 +93,23 @@ def default_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, batch_inv
     if filling is not None:
         return starting_dependents_early(filling, gpu)
     # Streaming batches of shorter weights, and batch-invariant tables at every batch (they keep batch 1's split).
+    return starting_dependents_early(split_rule_tactic(n, k, batch, gpu, batch_invariant=batch_invariant), gpu)
+
+
+def split_rule_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, batch_invariant=False,
+                      wide_rule=True) -> SplitKTactic:
+    """The streaming rule: 128-row weight tiles where they reach the CTA target split at most ``largest_split`` (64
+    rows where they do not, and with ``wide_rule`` from WIDE_ACTIVATION_ROWS activation rows on), split K to reach
+    it, in stages of up to STREAMING_STAGE_BYTES (one box under batch invariance)."""
+    acts = activation_rows_for(batch)
     target = math.ceil(STREAMING_CTA_FRACTION * gpu.sm_count)
     most = largest_split(k, gpu)
-    rows = HEURISTIC_WEIGHT_ROWS[-1] if math.ceil(n / HEURISTIC_WEIGHT_ROWS[-1]) * most >= target \
+    # One warpgroup issues every wgmma of a 128-row tile; from WIDE_ACTIVATION_ROWS on it falls behind the stream,
+    # and twice the 64-row tiles split half as far ran faster (H100 probe of 2026-12-07: 2112, 1536 and 3072 x 7168
+    # and 2304 x 1536 at M = 48 and 64, 0.89-0.98x the 128-row pick's time back to back and after glue; the H200
+    # tables hold 64-row tiles in 5 of those 8 cells). Batch-invariant tables keep batch 1's split, so its tiles.
+    wide = wide_rule and acts >= WIDE_ACTIVATION_ROWS and not batch_invariant
+    rows = HEURISTIC_WEIGHT_ROWS[-1] if math.ceil(n / HEURISTIC_WEIGHT_ROWS[-1]) * most >= target and not wide \
         else HEURISTIC_WEIGHT_ROWS[0]
     tiles = math.ceil(n / rows)
     splits = HEURISTIC_SPLITS if batch_invariant else streaming_splits(tiles, gpu)
@@ -102,8 +117,7 @@ def default_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, batch_inv
     # Wide stages took these picks from 1.09x the best timed tactic to 1.06x (H200 tune timings, 2026-12-05: 32 of
     # 32 changed cells faster); under batch invariance they would sum in an order that depends on the batch.
     boxes = 1 if batch_invariant else streaming_boxes(rows, acts, split, k)
-    tactic = as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split, boxes), k_boxes=boxes))
-    return starting_dependents_early(tactic, gpu)
+    return as_tactic(SplitKTactic(rows, acts, split, max_stages(rows, acts, split, boxes), k_boxes=boxes))
 
 
 def streaming_splits(tiles: int, gpu: GpuSpec = H200) -> tuple[int, ...]:
