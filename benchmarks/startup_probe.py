@@ -37,11 +37,14 @@ from cutlass import pipeline
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
 from decode_projection.cli_args import batch_list, shape
+from decode_projection.kernel.launch import SplitKLaunch
 from decode_projection.kernel.splitk import SplitKGemm
 from decode_projection.measure.ceiling import StreamRead, byte_view, fake_bytes, stream_read
 from decode_projection.measure.timing import cold_copies, foreign_kernel, interleaved_time_us
 from decode_projection.policy.policies import resolve_policies
-from decode_projection.projection import PreparedProjection, kernel_arguments, matrix_view
+from decode_projection.projection import (
+    PreparedProjection, kernel_arguments, launch_arguments, launch_values, matrix_view,
+)
 from decode_projection.runtime import architecture, current_stream, to_cute
 from decode_projection.runtime.gpu import gpu_spec
 
@@ -230,12 +233,12 @@ def projection_launch(kernel, weights):
     """``launch(i, x, out)``: ``kernel`` (a SplitKGemm) compiled, on weight copy ``i`` (whose map each launch
     encodes)."""
     device = weights[0].device
-    code = cute.compile(kernel, *kernel_arguments(weights[0].dtype, torch.bfloat16),
+    code = cute.compile(SplitKLaunch(kernel), *kernel_arguments(weights[0].dtype, torch.bfloat16),
                         options=f"--gpu-arch={architecture(device)}")
     views = [matrix_view(w) for w in weights]
 
     def launch(i, x, out):
-        code(views[i], matrix_view(x), matrix_view(out, output=True), current_stream(device))
+        code(*launch_arguments(views[i], None, launch_values(x, out, None, out.shape[1], device), x.dtype, out.dtype))
     launch.keep = weights
     return launch
 

@@ -8,6 +8,7 @@ and passed by value; it allocates nothing, never synchronizes and can be
 captured in a CUDA graph.
 """
 
+import ctypes
 import logging
 import threading
 from functools import cache
@@ -16,23 +17,26 @@ from typing import NamedTuple
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+from cuda.bindings import driver
+from cutlass.cute.runtime import make_fake_stream, make_fake_tensor, make_ptr
 from torch.autograd.graph import increment_version
 
+from .kernel.launch import SplitKLaunch, tma_pitch_multiple
 from .kernel.splitk import SplitKGemm
 from .kernel.tactic import GATE_GROUP_ROWS, as_tactic, gated_problems
 from .policy.policies import gated_tactic, resolve_policies
 from .policy.tables import dtype_name
-from .runtime import architecture, capturing, compile_lock, current_stream, describe, overlaps, to_cute
+from .runtime import architecture, capturing, compile_lock, current_stream_handle, describe, overlaps, to_cute
+from .runtime.call_slots import CallSlots
 from .runtime.disk_cache import cached_compile
 from .runtime.gpu import gpu_spec
+from .runtime.sm90 import TMA_ALIGN
 
 logger = logging.getLogger(__name__)
 
 WEIGHT_DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
 OUTPUT_DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16, torch.float32: cutlass.Float32}
 BIAS_DTYPES = OUTPUT_DTYPES
-TMA_ALIGN = 16  # bytes: TMA base address and row pitch granularity
 MOST_GRID_ROWS = 65535  # CUDA's limit on a grid's y dimension
 MOST_GRID_COLUMNS = 2**31 - 1  # and on its x dimension
 
@@ -84,34 +88,33 @@ def check_launch_options(output_dtype, programmatic_launch):
 
 
 def kernel_arguments(weight_dtype, output_dtype, epilogue=NO_EPILOGUE) -> tuple:
-    """The symbolic arguments every projection kernel is compiled for: weight, activations, output, stream,
-    and with an epilogue the residual (laid out as the output, None without one) and the bias vector (or None)."""
-    operand = WEIGHT_DTYPES[weight_dtype]
-
-    def fake(dtype, *, output):
-        # Extents and the row pitch are runtime symbols: one kernel serves every
-        # weight, batch and buffer. TMA operands promise 16-byte pitches.
-        shape = tuple(cute.sym_int() for _ in range(3))
-        pitch = cute.sym_int64(divisibility=1 if output else TMA_ALIGN // 2)
-        stride = (1, pitch, 0) if output else (pitch, 1, 0)
-        # The output is written with plain stores: element alignment is enough.
-        align = dtype.width // 8 if output else TMA_ALIGN
-        return make_fake_tensor(dtype, shape, stride, assumed_align=align)
-
-    arguments = (
-        fake(operand, output=False),
-        fake(operand, output=False),
-        fake(OUTPUT_DTYPES[output_dtype], output=True),
-        make_fake_stream(),
-    )
-    if epilogue == NO_EPILOGUE:
-        return arguments
-    residual = fake(OUTPUT_DTYPES[output_dtype], output=True) if epilogue.residual else None
+    """The symbolic arguments every projection kernel is compiled for, in ``SplitKLaunch``'s order: the weight, the
+    bias vector (or None), pointers to the activations, the output and the residual (or None), the rows, the
+    output's columns, the three row pitches (elements) and the stream."""
+    operand, output = WEIGHT_DTYPES[weight_dtype], OUTPUT_DTYPES[output_dtype]
+    # Extents and the row pitch are runtime symbols: one kernel serves every weight. TMA needs 16-byte pitches.
+    weight = make_fake_tensor(operand, tuple(cute.sym_int() for _ in range(3)),
+                              (cute.sym_int64(divisibility=tma_pitch_multiple(operand)), 1, 0), assumed_align=TMA_ALIGN)
     bias = None
     if epilogue.bias_dtype is not None:
         dtype = BIAS_DTYPES[epilogue.bias_dtype]
         bias = make_fake_tensor(dtype, (cute.sym_int(),), (1,), assumed_align=dtype.width // 8)
-    return (*arguments, residual, bias)
+    # The output is written with plain stores: element alignment is enough.
+    residual = pointer(output, 0) if epilogue.residual else None
+    return (weight, bias, pointer(operand, 0, TMA_ALIGN), pointer(output, 0), residual, cutlass.Int32(1),
+            cutlass.Int32(1), cutlass.Int64(1), cutlass.Int64(1), cutlass.Int64(1), make_fake_stream())
+
+
+def pointer(dtype, address: int, align: int | None = None):
+    """A global-memory pointer of CuTe type ``dtype``, promising ``align`` bytes (default: the element's)."""
+    return make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=align or dtype.width // 8)
+
+
+def compile_kernel(tactic, output_dtype, weight_dtype=torch.bfloat16, programmatic_launch=True,
+                   epilogue=NO_EPILOGUE, options="--gpu-arch=sm_90a"):
+    """``cute.compile`` of one projection kernel, uncached: what ``compile_projection`` caches."""
+    gemm = SplitKGemm(tactic, programmatic_launch, gated=epilogue.gated)
+    return cute.compile(SplitKLaunch(gemm), *kernel_arguments(weight_dtype, output_dtype, epilogue), options=options)
 
 
 @cache
@@ -121,8 +124,8 @@ def _compile(tactic, output_dtype, arch, weight_dtype, programmatic_launch, epil
     def build():
         logger.debug("compiling %s for %s: %s weights, %s output, %s", tactic, arch, weight_dtype, output_dtype,
                      epilogue)
-        return cute.compile(SplitKGemm(tactic, programmatic_launch, gated=epilogue.gated),
-                            *kernel_arguments(weight_dtype, output_dtype, epilogue), options=f"--gpu-arch={arch}")
+        return compile_kernel(tactic, output_dtype, weight_dtype, programmatic_launch, epilogue,
+                              options=f"--gpu-arch={arch}")
 
     # Without an epilogue the key is what it always was: caches filled before epilogues existed still load.
     epilogue_key = () if epilogue == NO_EPILOGUE else (str(epilogue),)
@@ -145,8 +148,7 @@ def matrix_view(tensor, *, output=False):
     reports as 1, which would defeat leading-dimension deduction.
     """
     rows, cols = tensor.shape
-    # A single row's pitch is never used, and PyTorch may report any stride there.
-    pitch = tensor.stride(0) if rows > 1 else -(-cols // 8) * 8
+    pitch = row_pitch(tensor)
     shape = (cols, rows, 1) if output else (rows, cols, 1)
     stride = (1, pitch, 0) if output else (pitch, 1, 0)
     align = tensor.element_size() if output else TMA_ALIGN
@@ -154,6 +156,42 @@ def matrix_view(tensor, *, output=False):
         tensor = tensor.detach()
     result = to_cute(tensor.as_strided(shape, stride), assumed_align=align)
     return result.mark_layout_dynamic(leading_dim=0 if output else 1)
+
+
+def row_pitch(tensor) -> int:
+    """The row pitch, in elements, the kernel takes for a 2-D ``tensor``: its stride, except for a single row,
+    whose pitch is never used and for which PyTorch may report any stride (then the row rounded up to 8)."""
+    rows, cols = tensor.shape
+    return tensor.stride(0) if rows > 1 else -(-cols // 8) * 8
+
+
+def launch_values(x, out, residual, output_rows, device) -> tuple:
+    """One launch's arguments after the weight and bias (``kernel_arguments``'s order) as plain numbers: the
+    addresses of ``x``, ``out`` and ``residual`` (None without one), the rows, the output's columns, the three
+    row pitches (elements; 0 without a residual) and the handle of ``device``'s current stream."""
+    return (x.data_ptr(), out.data_ptr(), None if residual is None else residual.data_ptr(), x.shape[0],
+            output_rows, row_pitch(x), row_pitch(out), 0 if residual is None else row_pitch(residual),
+            current_stream_handle(device))
+
+
+# The C type a compiled projection takes each of ``launch_values`` as (CallSlots); the residual's address is
+# left out where the kernel has no residual.
+LAUNCH_VALUE_KINDS = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32,
+                      ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
+
+
+def launch_value_kinds(epilogue) -> tuple:
+    """``LAUNCH_VALUE_KINDS`` for the kernels of ``epilogue``."""
+    return tuple(None if i == 2 and not epilogue.residual else kind for i, kind in enumerate(LAUNCH_VALUE_KINDS))
+
+
+def launch_arguments(weight_view, bias_view, values, weight_dtype, output_dtype) -> tuple:
+    """A compiled projection's whole argument list in the DSL's types: ``weight_view`` and ``bias_view`` as
+    prepared, then ``values`` (``launch_values``) as pointers, integers and a stream."""
+    x, out, residual, *extents, stream = values
+    operand, output = WEIGHT_DTYPES[weight_dtype], OUTPUT_DTYPES[output_dtype]
+    return (weight_view, bias_view, pointer(operand, x, TMA_ALIGN), pointer(output, out),
+            None if residual is None else pointer(output, residual), *extents, driver.CUstream(stream))
 
 
 # A compiled function loads its module on the device current at its first call
@@ -346,6 +384,7 @@ class _Launchable(NamedTuple):
     bias_row: torch.Tensor | None  # the bias as a [1, N] view, for run()'s overlap check without a new view per run
     output_rows: int  # N of the output: the weight's rows, or a gated projection's gate rows
     captured: list  # [True] once a CUDA graph captured a launch of it, else []
+    calls: CallSlots  # the kernels' arguments, reused launch after launch
 
 
 class PreparedProjection:
@@ -513,12 +552,14 @@ class PreparedProjection:
                                           epilogue)
                 _claim_device(code, self.device)
                 kernels[batch] = code
+            weight_view = matrix_view(self.weight)
             bias_view = None if self.bias is None else vector_view(self.bias)
-            self._launchable = _Launchable(self.weight, self._storage(self.weight), matrix_view(self.weight),
+            self._launchable = _Launchable(self.weight, self._storage(self.weight), weight_view,
                                            kernels, self.output_dtype, self.device, epilogue, self.bias,
                                            None if self.bias is None else self._storage(self.bias), bias_view,
                                            None if self.bias is None else self.bias.detach().unsqueeze(0),
-                                           self.gated_rows or self.weight.shape[0], [])
+                                           self.gated_rows or self.weight.shape[0], [],
+                                           CallSlots((weight_view, bias_view), launch_value_kinds(epilogue)))
         return self
 
     @staticmethod
@@ -621,25 +662,22 @@ class PreparedProjection:
             self._check_epilogue(x, out, residual, launchable)
             batch = x.shape[0]
             # A graph captures these arguments, the weight's map (encoded from its view at launch) among them.
-            args = (launchable.weight_view, matrix_view(x), matrix_view(out, output=True),
-                    current_stream(launchable.device))
-            if launchable.epilogue != NO_EPILOGUE:
-                residual_view = None if residual is None else matrix_view(residual, output=True)
-                args = (*args, residual_view, launchable.bias_view)
+            values = launch_values(x, out, residual, launchable.output_rows, launchable.device)
             code = launchable.kernels[batch]
             if torch.cuda.current_device() == launchable.device.index:
-                self._launch(code, args, launchable)
+                self._launch(code, values, launchable)
             else:
                 with torch.cuda.device(launchable.device):
-                    self._launch(code, args, launchable)
+                    self._launch(code, values, launchable)
         # An in-place write autograd cannot see: a backward that saved ``out`` before this now fails loudly.
         increment_version(out)
         return out
 
-    def _launch(self, code, args, launchable):
+    def _launch(self, code, values, launchable):
         """Launch on the current device; where a CUDA graph captures the launch, keep the weight and bias it reads
         alive with the projection (once per pair)."""
-        code(*args)
+        launchable.calls.launch(code, values, lambda: launch_arguments(
+            launchable.weight_view, launchable.bias_view, values, launchable.weight.dtype, launchable.output_dtype))
         if not launchable.captured and capturing():
             launchable.captured.append(True)
             if not any(weight is launchable.weight and bias is launchable.bias

@@ -22,10 +22,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = (
     "decode_projection/kernel/splitk.py",
+    "decode_projection/kernel/launch.py",
     "decode_projection/kernel/tactic.py",
     "decode_projection/runtime/sm90.py",
     "decode_projection/projection.py",
     "decode_projection/runtime/__init__.py",
+    "decode_projection/runtime/call_slots.py",
     "decode_projection/measure/glue.py",
     "decode_projection/kernel/norm.py",
     "decode_projection/kernel/activation.py",

@@ -2,7 +2,7 @@
 
 Every distinct tactic of the shipped tables (decode_projection/policy/tables/*.json) is compiled for sm_90a with the
 weight and output dtypes of its table entries and programmatic dependent launch (what ``PreparedProjection`` launches
-by default), straight through ``cute.compile``: the disk cache is bypassed, so a change it does not fingerprint
+by default), straight through ``cute.compile`` (``projection.compile_kernel``): the disk cache is bypassed, so a change it does not fingerprint
 cannot hide behind a cached kernel. The nvdisasm listing is normalised (the kernel's symbol, whose name the DSL derives from
 the MMA atom and may embed an address, becomes ``KERNEL``) and hashed. A refactor that means to leave the code alone
 checks that every hash stays the same:
@@ -52,19 +52,13 @@ def normalised_sass(sass: str, kernel: str) -> str:
 
 def sass_hash(job) -> tuple[str, str]:
     """Worker: ``(label, sha256 of the normalised SASS)`` of one job, compiled in a fresh dump directory."""
-    import cutlass.cute as cute
-
-    from decode_projection.kernel.splitk import SplitKGemm
-    from decode_projection.projection import kernel_arguments
+    from decode_projection.projection import compile_kernel
     from decode_projection.runtime.sass import keep_cubin_options, kernel_report
 
     label, (tactic, weight_dtype, output_dtype) = job
     with tempfile.TemporaryDirectory() as dump:
-        compiled = cute.compile(
-            SplitKGemm(tactic, programmatic_launch=True),
-            *kernel_arguments(getattr(torch, weight_dtype), getattr(torch, output_dtype)),
-            options=keep_cubin_options(dump, ARCH),
-        )
+        compiled = compile_kernel(tactic, getattr(torch, output_dtype), getattr(torch, weight_dtype),
+                                  options=keep_cubin_options(dump, ARCH))
         report = kernel_report(compiled)
     return label, hashlib.sha256(normalised_sass(report.sass, report.kernel).encode()).hexdigest()
 

@@ -14,6 +14,7 @@ from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 from decode_projection.kernel.splitk import SplitKGemm
 from decode_projection.kernel.tactic import SplitKTactic
 from decode_projection.measure.ceiling import fake_bytes
+from decode_projection.kernel.launch import SplitKLaunch
 from decode_projection.projection import kernel_arguments
 from decode_projection.runtime.sass import kernel_report
 
@@ -35,7 +36,7 @@ def test_every_probe_kernel_compiles_and_stamps():
     probe = startup_probe.LaunchProbe(ADDRESS, 200 * 1024, 4, 160, True, 100)
     assert kernel_report(cute.compile(probe, cutlass.Int32(1), make_fake_stream(), options="--gpu-arch=sm_90a"))
     tactic = SplitKTactic(128, 8, 3, 13)
-    stamped = cute.compile(startup_probe.stamped_gemm(SplitKGemm)(tactic, True, ADDRESS),
+    stamped = cute.compile(SplitKLaunch(startup_probe.stamped_gemm(SplitKGemm)(tactic, True, ADDRESS)),
                            *kernel_arguments(torch.bfloat16, torch.bfloat16), options="--gpu-arch=sm_90a")
     report = kernel_report(stamped)
     # Every event of the projection's timeline is written: entry, first TMA, producer past its wait, consumer

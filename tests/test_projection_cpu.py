@@ -21,11 +21,19 @@ from decode_projection.kernel.tactic import PRODUCER_REGISTERS, as_tactic, max_s
 from decode_projection.policy.policies import default_tactic, grid_ctas
 from decode_projection.policy.tables import shipped_tables
 from decode_projection.policy.workload import DECODE_BATCHES, KIMI_K3_SHAPES
+from decode_projection.runtime.call_slots import CallSlots
 from decode_projection.runtime.sass import kernel_report
 
 from .tactic_grid import EPILOGUE_CASES, EPILOGUE_PATHS, GATED_PATHS, GRID, code_path, tactic_id
 
 TACTIC = SplitKTactic(64, 8, 2, 4)
+
+
+def kernels_called_in_python(monkeypatch):
+    """Every launch calls its kernel with the DSL-typed arguments (``launch_arguments``) on a stream handle of 0,
+    never through the launch slots: tests swap kernels for Python functions that record their calls."""
+    monkeypatch.setattr(projection, "current_stream_handle", lambda device: 0)
+    monkeypatch.setattr(CallSlots, "launch", lambda slots, code, values, arguments: code(*arguments()))
 
 
 def pretend_hopper(monkeypatch, events=None):
@@ -158,7 +166,7 @@ def test_a_weight_a_graph_captured_stays_alive_with_its_projection(monkeypatch):
     kept, so re-preparing for weight after weight holds no memory, and nothing waits for the device."""
     events = pretend_hopper(monkeypatch)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
-    monkeypatch.setattr(projection, "current_stream", lambda device: None)
+    kernels_called_in_python(monkeypatch)
     graph_capturing = [False]
     monkeypatch.setattr(projection, "capturing", lambda: graph_capturing[0])
     x, out = torch.randn(4, 512, dtype=torch.bfloat16), torch.empty(4, 256, dtype=torch.bfloat16)
@@ -190,7 +198,7 @@ def test_a_weight_a_graph_captured_stays_alive_with_its_projection(monkeypatch):
 def test_prepare_in_another_thread_waits_for_a_launch_under_way(prepared, monkeypatch):
     """A run that has checked its arguments launches with the kernels it checked against."""
     monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
-    monkeypatch.setattr(projection, "current_stream", lambda device: None)
+    kernels_called_in_python(monkeypatch)
     launched = []
     prepared.kernels.update({batch: (lambda *args, batch=batch: launched.append(batch)) for batch in prepared.kernels})
     checked = projection.overlaps
@@ -242,7 +250,7 @@ def test_run_says_autograd_does_not_flow_through_it(prepared, monkeypatch):
     with pytest.raises(ValueError, match="autograd does not flow through run"):
         prepared.run(x, out)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
-    monkeypatch.setattr(projection, "current_stream", lambda device: None)
+    kernels_called_in_python(monkeypatch)
     prepared.kernels[4] = lambda *args: None
     with torch.no_grad():  # nothing to flow: taken as it is
         assert prepared.run(x, out) is out
@@ -313,7 +321,7 @@ def test_reprepare_follows_the_weight_to_its_device(prepared):
 
 def test_a_run_tells_autograd_that_it_wrote_the_output(prepared, monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
-    monkeypatch.setattr(projection, "current_stream", lambda device: None)
+    kernels_called_in_python(monkeypatch)
     prepared.kernels.update({batch: (lambda *args: None) for batch in prepared.kernels})
     x, out = torch.randn(4, 512, dtype=torch.bfloat16), torch.empty(4, 256, dtype=torch.bfloat16)
     version = out._version
@@ -512,8 +520,7 @@ EPILOGUES = [
 @pytest.mark.parametrize("tactic, output_dtype, instructions", EPILOGUES)
 def test_every_output_store_keeps_the_output_in_l2(tmp_path, tactic, output_dtype, instructions):
     """Every global store of the output carries the L2 policy EVICT_LAST: the output is the next kernel's input."""
-    arguments = projection.kernel_arguments(torch.bfloat16, output_dtype)
-    cute.compile(SplitKGemm(tactic), *arguments, options=f"--gpu-arch=sm_90a --keep-ptx --dump-dir={tmp_path}")
+    projection.compile_kernel(tactic, output_dtype, options=f"--gpu-arch=sm_90a --keep-ptx --dump-dir={tmp_path}")
     (ptx,) = tmp_path.glob("*.ptx")
     lines = [line.strip().rstrip(";") for line in ptx.read_text().splitlines()]
     # The output is the kernel's only global store; a predicated store starts with its predicate.
@@ -595,7 +602,7 @@ def test_each_peer_has_a_reduction_slot_of_its_own(split):
 
 def test_run_under_inference_mode(prepared, monkeypatch):
     """Engines decode under torch.inference_mode(): run() takes inference tensors and bumps no version of theirs."""
-    monkeypatch.setattr(projection, "current_stream", lambda device: 0)
+    kernels_called_in_python(monkeypatch)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: prepared.device.index)
     launched = []
     prepared.kernels[4] = lambda *args: launched.append(args)
@@ -635,7 +642,7 @@ def prepared_with_epilogue(monkeypatch, bias):
     projection = PreparedProjection(weight, {4: TACTIC}, bias=bias, residual=True).prepare()
     launches = []
     projection._launchable.kernels[4] = lambda *args: launches.append(args)
-    monkeypatch.setattr("decode_projection.projection.current_stream", lambda device: 0)
+    kernels_called_in_python(monkeypatch)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: projection.device.index)
     return projection, launches
 
@@ -669,7 +676,7 @@ def test_run_rejects_bad_residuals(monkeypatch):
     projection.run(x, wide[:, :256], residual=wide[:, 256:])
     assert len(launches) == 3
     for args in launches:
-        assert len(args) == 6 and args[4] is not None and args[5] is not None  # the residual's and bias's views
+        assert args[1] is not None and args[4] is not None  # the bias's view and the residual's pointer
 
 
 def test_run_refuses_an_output_over_its_bias(monkeypatch):

@@ -7,8 +7,8 @@ boundary at launch or prepare time lives here, in one place:
 - ``architecture``: which GPU target a device needs; the kernel is wgmma/TMA
   code for ``sm_90a`` only, so anything but compute capability 9.0 is refused
   up front instead of failing inside the compiler or at launch.
-- ``current_stream``: the caller's current torch stream as the driver handle a
-  compiled function takes, so launches follow the caller's stream (and CUDA
+- ``current_stream`` (``current_stream_handle``): the caller's current torch
+  stream as the driver handle a compiled function takes (as a number), so launches follow the caller's stream (and CUDA
   graph capture) without a host sync.
 - ``to_cute``: an explicit torch -> CuTe tensor conversion. Handing a
   ``torch.Tensor`` straight to a compiled function goes through an adapter
@@ -61,11 +61,16 @@ def architecture(device) -> str:
     return SUPPORTED_ARCHITECTURES[capability]
 
 
+def current_stream_handle(device) -> int:
+    """The handle of ``device``'s current torch stream."""
+    # Only the raw handle: no synchronization, so it is safe inside a CUDA
+    # graph capture, where the current stream is the capturing one.
+    return torch.cuda.current_stream(device).cuda_stream
+
+
 def current_stream(device) -> driver.CUstream:
     """The torch current stream of ``device`` as the ``CUstream`` a compiled function takes."""
-    # Only wraps the raw handle: no synchronization, so it is safe inside a
-    # CUDA graph capture, where the current stream is the capturing one.
-    return driver.CUstream(torch.cuda.current_stream(device).cuda_stream)
+    return driver.CUstream(current_stream_handle(device))
 
 
 def to_cute(tensor: torch.Tensor, assumed_align: int = 16):
