@@ -187,6 +187,21 @@ def test_chained_launches_read_what_the_previous_one_wrote(tactic):
     assert torch.equal(x, expected)
 
 
+def test_every_launch_takes_its_own_buffers_pitches_and_batch():
+    """A kernel's first launch goes through the DSL's own call, later ones through reused argument slots: each
+    reads its own x and writes its own out, at their row pitches and batch, and nothing past them."""
+    weight = torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16)
+    projection = PreparedProjection(weight, {4: SplitKTactic(64, 8, 2, 4), 16: SplitKTactic(64, 16, 2, 4)}).prepare()
+    for batch, x_pitch, out_pitch in ((4, 2048, 1024), (16, 2112, 1032), (4, 4096, 1048), (16, 2048, 1024),
+                                      (4, 2112, 1024)):
+        x = torch.randn(batch, x_pitch, device="cuda", dtype=torch.bfloat16)[:, :2048]
+        rows = torch.full((batch, out_pitch), float("nan"), device="cuda", dtype=torch.bfloat16)
+        projection.run(x, rows[:, :1024])
+        label = f"batch {batch}, pitches {x_pitch} and {out_pitch}"
+        assert_close_to_reference(rows[:, :1024], x, weight, label=label)
+        assert torch.isnan(rows[:, 1024:]).all(), label
+
+
 def test_runs_on_current_stream_without_sync():
     """Behind a busy side stream, run reads what that stream wrote before it and returns before it is done."""
     weight = torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16)
