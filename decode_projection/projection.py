@@ -8,7 +8,6 @@ and passed by value; it allocates nothing, never synchronizes and can be
 captured in a CUDA graph.
 """
 
-import ctypes
 import logging
 import threading
 from functools import cache
@@ -21,7 +20,7 @@ from cuda.bindings import driver
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor, make_ptr
 from torch.autograd.graph import increment_version
 
-from .kernel.launch import SplitKLaunch, tma_pitch_multiple
+from .kernel.launch import VALUE_KINDS, LaunchValues, SplitKLaunch, tma_pitch_multiple
 from .kernel.splitk import SplitKGemm
 from .kernel.tactic import GATE_GROUP_ROWS, as_tactic, gated_problems
 from .policy.policies import gated_tactic, resolve_policies
@@ -89,8 +88,7 @@ def check_launch_options(output_dtype, programmatic_launch):
 
 def kernel_arguments(weight_dtype, output_dtype, epilogue=NO_EPILOGUE) -> tuple:
     """The symbolic arguments every projection kernel is compiled for, in ``SplitKLaunch``'s order: the weight, the
-    bias vector (or None), pointers to the activations, the output and the residual (or None), the rows, the
-    output's columns, the three row pitches (elements) and the stream."""
+    bias vector (or None), then ``LaunchValues``."""
     operand, output = WEIGHT_DTYPES[weight_dtype], OUTPUT_DTYPES[output_dtype]
     # Extents and the row pitch are runtime symbols: one kernel serves every weight. TMA needs 16-byte pitches.
     weight = make_fake_tensor(operand, tuple(cute.sym_int() for _ in range(3)),
@@ -99,10 +97,21 @@ def kernel_arguments(weight_dtype, output_dtype, epilogue=NO_EPILOGUE) -> tuple:
     if epilogue.bias_dtype is not None:
         dtype = BIAS_DTYPES[epilogue.bias_dtype]
         bias = make_fake_tensor(dtype, (cute.sym_int(),), (1,), assumed_align=dtype.width // 8)
-    # The output is written with plain stores: element alignment is enough.
-    residual = pointer(output, 0) if epilogue.residual else None
-    return (weight, bias, pointer(operand, 0, TMA_ALIGN), pointer(output, 0), residual, cutlass.Int32(1),
-            cutlass.Int32(1), cutlass.Int64(1), cutlass.Int64(1), cutlass.Int64(1), make_fake_stream())
+    values = LaunchValues(0, 0, 0 if epilogue.residual else None, *(kind(1) for kind in DSL_EXTENTS),
+                          make_fake_stream())
+    return (weight, bias, *dsl_pointers(values, operand, output))
+
+
+# The DSL's types of LaunchValues' batch, output rows and three pitches.
+DSL_EXTENTS = (cutlass.Int32, cutlass.Int32, cutlass.Int64, cutlass.Int64, cutlass.Int64)
+
+
+def dsl_pointers(values: LaunchValues, operand, output) -> LaunchValues:
+    """``values`` with its three addresses as the pointers the kernel is compiled for: the activations' promising
+    TMA's 16 bytes, the output's and the residual's their element's (they are written with plain stores)."""
+    return values._replace(activations=pointer(operand, values.activations, TMA_ALIGN),
+                           out=pointer(output, values.out),
+                           residual=None if values.residual is None else pointer(output, values.residual))
 
 
 def pointer(dtype, address: int, align: int | None = None):
@@ -165,33 +174,24 @@ def row_pitch(tensor) -> int:
     return tensor.stride(0) if rows > 1 else -(-cols // 8) * 8
 
 
-def launch_values(x, out, residual, output_rows, device) -> tuple:
-    """One launch's arguments after the weight and bias (``kernel_arguments``'s order) as plain numbers: the
-    addresses of ``x``, ``out`` and ``residual`` (None without one), the rows, the output's columns, the three
-    row pitches (elements; 0 without a residual) and the handle of ``device``'s current stream."""
-    return (x.data_ptr(), out.data_ptr(), None if residual is None else residual.data_ptr(), x.shape[0],
-            output_rows, row_pitch(x), row_pitch(out), 0 if residual is None else row_pitch(residual),
-            current_stream_handle(device))
+def launch_values(x, out, residual, output_rows, device) -> LaunchValues:
+    """One launch's ``LaunchValues``: ``x``, ``out`` and ``residual`` (or None) as checked torch tensors, on
+    ``device``'s current stream."""
+    return LaunchValues(x.data_ptr(), out.data_ptr(), None if residual is None else residual.data_ptr(), x.shape[0],
+                        output_rows, row_pitch(x), row_pitch(out), 0 if residual is None else row_pitch(residual),
+                        current_stream_handle(device))
 
 
-# The C type a compiled projection takes each of ``launch_values`` as (CallSlots); the residual's address is
-# left out where the kernel has no residual.
-LAUNCH_VALUE_KINDS = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32,
-                      ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
+def launch_value_kinds(epilogue) -> LaunchValues:
+    """The C type of each ``LaunchValues`` the kernels of ``epilogue`` take (None for the residual they lack)."""
+    return VALUE_KINDS if epilogue.residual else VALUE_KINDS._replace(residual=None)
 
 
-def launch_value_kinds(epilogue) -> tuple:
-    """``LAUNCH_VALUE_KINDS`` for the kernels of ``epilogue``."""
-    return tuple(None if i == 2 and not epilogue.residual else kind for i, kind in enumerate(LAUNCH_VALUE_KINDS))
-
-
-def launch_arguments(weight_view, bias_view, values, weight_dtype, output_dtype) -> tuple:
+def launch_arguments(weight_view, bias_view, values: LaunchValues, weight_dtype, output_dtype) -> tuple:
     """A compiled projection's whole argument list in the DSL's types: ``weight_view`` and ``bias_view`` as
-    prepared, then ``values`` (``launch_values``) as pointers, integers and a stream."""
-    x, out, residual, *extents, stream = values
-    operand, output = WEIGHT_DTYPES[weight_dtype], OUTPUT_DTYPES[output_dtype]
-    return (weight_view, bias_view, pointer(operand, x, TMA_ALIGN), pointer(output, out),
-            None if residual is None else pointer(output, residual), *extents, driver.CUstream(stream))
+    prepared, then ``values`` as pointers, integers and a stream."""
+    values = dsl_pointers(values, WEIGHT_DTYPES[weight_dtype], OUTPUT_DTYPES[output_dtype])
+    return (weight_view, bias_view, *values._replace(stream=driver.CUstream(values.stream)))
 
 
 # A compiled function loads its module on the device current at its first call
@@ -384,7 +384,7 @@ class _Launchable(NamedTuple):
     bias_row: torch.Tensor | None  # the bias as a [1, N] view, for run()'s overlap check without a new view per run
     output_rows: int  # N of the output: the weight's rows, or a gated projection's gate rows
     captured: list  # [True] once a CUDA graph captured a launch of it, else []
-    calls: CallSlots  # the kernels' arguments, reused launch after launch
+    slots: CallSlots  # the kernels' arguments, reused launch after launch
 
 
 class PreparedProjection:
@@ -676,7 +676,7 @@ class PreparedProjection:
     def _launch(self, code, values, launchable):
         """Launch on the current device; where a CUDA graph captures the launch, keep the weight and bias it reads
         alive with the projection (once per pair)."""
-        launchable.calls.launch(code, values, lambda: launch_arguments(
+        launchable.slots.launch(code, values, lambda: launch_arguments(
             launchable.weight_view, launchable.bias_view, values, launchable.weight.dtype, launchable.output_dtype))
         if not launchable.captured and capturing():
             launchable.captured.append(True)

@@ -11,10 +11,10 @@ import pytest
 import torch
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
+from decode_projection.kernel.launch import SplitKLaunch
 from decode_projection.kernel.splitk import SplitKGemm
 from decode_projection.kernel.tactic import SplitKTactic
 from decode_projection.measure.ceiling import fake_bytes
-from decode_projection.kernel.launch import SplitKLaunch
 from decode_projection.projection import kernel_arguments
 from decode_projection.runtime.sass import kernel_report
 

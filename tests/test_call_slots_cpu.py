@@ -1,14 +1,15 @@
 """CPU tests for the launch slots (runtime/call_slots.py) against kernels compiled for sm_90a.
 
 Nothing is launched: the compiled functions' own argument marshalling (which needs no GPU) is what the slots are
-checked against, and a recorder stands in for the launch.
+checked against, and a recorder stands in for the compiled function wherever a launch would happen.
 """
 
-import ctypes
+import inspect
 
 import pytest
 import torch
 
+from decode_projection.kernel.launch import VALUE_KINDS, LaunchValues, SplitKLaunch
 from decode_projection.kernel.tactic import SplitKTactic
 from decode_projection.projection import (
     NO_EPILOGUE, Epilogue, compile_kernel, launch_arguments, launch_value_kinds, launch_values, matrix_view,
@@ -18,6 +19,7 @@ from decode_projection.runtime.call_slots import CallSlots
 
 TACTIC = SplitKTactic(64, 16, 2, 8)
 WITH_BOTH = Epilogue(residual=True, bias_dtype=torch.bfloat16)
+EPILOGUES = [pytest.param(NO_EPILOGUE, id="plain"), pytest.param(WITH_BOTH, id="residual-and-bias")]
 
 
 @pytest.fixture(scope="module")
@@ -26,38 +28,20 @@ def kernels():
             for epilogue in (NO_EPILOGUE, WITH_BOTH)}
 
 
-def operands(epilogue, rows=5):
-    """``(fixed, values)`` for ``epilogue``: the weight's and bias's views and distinct numbers for every value
-    (odd pitches, so that no two coincide; nothing is launched)."""
+def prepared(epilogue):
+    """``(fixed, tensors)``: the weight's and the bias's views for ``epilogue``, and the tensors they view."""
     weight = torch.randn(96, 64, dtype=torch.bfloat16)
     bias = torch.randn(96, dtype=torch.bfloat16) if epilogue.bias_dtype is not None else None
-    fixed = (matrix_view(weight), None if bias is None else vector_view(bias))
-    values = (0x10000, 0x20000, 0x30000 if epilogue.residual else None, rows, 96, 72, 104, 112 if epilogue.residual
-              else 0, 0x40000)
-    return fixed, values, (weight, bias)
+    return (matrix_view(weight), None if bias is None else vector_view(bias)), (weight, bias)
 
 
-@pytest.mark.parametrize("epilogue", [NO_EPILOGUE, WITH_BOTH], ids=["plain", "residual-and-bias"])
-def test_the_slots_hold_what_the_dsl_would_pass(kernels, epilogue):
-    fixed, values, _alive = operands(epilogue)
-    slots = CallSlots(fixed, launch_value_kinds(epilogue))
-    for slot, value in zip(slots._values, values):
-        if slot is not None:
-            slot.value = value
-    slots.check(kernels[epilogue], launch_arguments(*fixed, values, torch.bfloat16, torch.bfloat16))
-    # Any value out of place is caught: the rows in the output's columns' slot.
-    swapped = list(values)
-    swapped[3], swapped[4] = swapped[4], swapped[3]
-    with pytest.raises(RuntimeError, match="passes a compiled function's arguments differently"):
-        slots.check(kernels[epilogue], launch_arguments(*fixed, swapped, torch.bfloat16, torch.bfloat16))
-
-
-def test_slots_of_another_signature_are_refused(kernels):
-    fixed, values, _alive = operands(NO_EPILOGUE)
-    slots = CallSlots(fixed, launch_value_kinds(WITH_BOTH))  # a residual's slot the kernel does not take
-    with pytest.raises(RuntimeError, match="passes a compiled function's arguments differently"):
-        slots.launch(kernels[NO_EPILOGUE], values[:2] + (0x30000,) + values[3:],
-                     lambda: launch_arguments(*fixed, values, torch.bfloat16, torch.bfloat16))
+def distinct_values(epilogue, salt=0):
+    """``LaunchValues`` no two alike, the 64-bit ones with high bytes set (so a narrower C value shows), nothing
+    launched with them."""
+    return LaunchValues(0x7F00_0001_0000 + salt, 0x7F00_0002_0000 + salt,
+                        0x7F00_0003_0000 + salt if epilogue.residual else None, 5 + salt, 96 + salt,
+                        0x1_0000_0048 + salt, 0x2_0000_0068 + salt, 0x3_0000_0070 + salt if epilogue.residual else 0,
+                        0x7F00_0004_0000 + salt)
 
 
 class Recorder:
@@ -76,44 +60,70 @@ class Recorder:
         self.calls.append(("slots", list(addresses)))
 
 
-def test_a_kernel_launches_through_python_once_then_through_the_slots(kernels):
-    fixed, values, _alive = operands(WITH_BOTH)
-    slots = CallSlots(fixed, launch_value_kinds(WITH_BOTH))
-    code = Recorder(kernels[WITH_BOTH])
+def test_the_launch_values_are_the_entry_points_arguments_in_order():
+    parameters = list(inspect.signature(SplitKLaunch.__call__).parameters)
+    assert parameters == ["self", "weight", "bias", *LaunchValues._fields]
+
+
+@pytest.mark.parametrize("epilogue", EPILOGUES)
+def test_the_slots_hold_what_the_dsl_would_pass(kernels, epilogue):
+    fixed, _alive = prepared(epilogue)
+    values = distinct_values(epilogue)
+    slots = CallSlots(fixed, launch_value_kinds(epilogue))
+    slots.write(values)
+    slots.check(kernels[epilogue], launch_arguments(*fixed, values, torch.bfloat16, torch.bfloat16))
+    # Any value out of place is caught: the batch in the output rows' place, a pitch in another's.
+    for swapped in (values._replace(batch=values.output_rows, output_rows=values.batch),
+                    values._replace(activation_pitch=values.out_pitch, out_pitch=values.activation_pitch)):
+        with pytest.raises(RuntimeError, match="passes a compiled function's arguments differently"):
+            slots.check(kernels[epilogue], launch_arguments(*fixed, swapped, torch.bfloat16, torch.bfloat16))
+
+
+def test_slots_of_another_signature_are_refused(kernels):
+    fixed, _alive = prepared(NO_EPILOGUE)
+    values = distinct_values(NO_EPILOGUE)
+    slots = CallSlots(fixed, VALUE_KINDS)  # a residual's slot the kernel does not take
+    code = Recorder(kernels[NO_EPILOGUE])
+    with pytest.raises(RuntimeError, match="passes a compiled function's arguments differently"):
+        slots.launch(code, values._replace(residual=0x7F00_0003_0000),
+                     lambda: launch_arguments(*fixed, values, torch.bfloat16, torch.bfloat16))
+    assert code.calls == []
+
+
+@pytest.mark.parametrize("epilogue", EPILOGUES)
+def test_a_kernel_launches_through_python_once_then_through_the_slots(kernels, epilogue):
+    fixed, _alive = prepared(epilogue)
+    kinds = launch_value_kinds(epilogue)
+    slots = CallSlots(fixed, kinds)
+    code = Recorder(kernels[epilogue])
     built = []
 
     def arguments(values):
         built.append(values)
         return launch_arguments(*fixed, values, torch.bfloat16, torch.bfloat16)
 
-    slots.launch(code, values, lambda: arguments(values))
-    later = (0x50000, 0x60000, 0x70000, 7, 96, 80, 120, 128, 0x80000)
+    first, later = distinct_values(epilogue), distinct_values(epilogue, salt=8)
+    slots.launch(code, first, lambda: arguments(first))
     slots.launch(code, later, lambda: arguments(later))
-    assert [kind for kind, _ in code.calls] == ["python", "slots"] and built == [values]
-    # The second launch hands over the slots, holding its values.
-    addresses = code.calls[1][1]
-    assert addresses == slots.addresses
-    held = [kind.from_address(address).value for kind, address in zip(launch_value_kinds(WITH_BOTH), addresses[2:])]
-    assert held == list(later)
+    assert [kind for kind, _ in code.calls] == ["python", "slots"] and built == [first]
+    # The second launch hands over the slots' addresses, the slots holding its values.
+    assert code.calls[1][1] == slots.addresses
+    fixed_places = len(slots.addresses) - sum(kind is not None for kind in kinds)
+    held = [kind.from_address(address).value
+            for kind, address in zip([k for k in kinds if k is not None], slots.addresses[fixed_places:])]
+    assert held == [value for kind, value in zip(kinds, later) if kind is not None]
 
 
-def test_launch_values_follow_the_tensors():
+def test_launch_values_follow_the_tensors(monkeypatch):
+    handle = 0x1234
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("Stream", (), {"cuda_stream": handle}))
+    device = torch.device("cuda:0")
     x = torch.randn(1, 100, dtype=torch.bfloat16)
     out = torch.empty(3, 256, dtype=torch.bfloat16)[1:2, :200]
-    handle = 0x1234
-
-    def values(x, out, residual):
-        torch_stream = type("Stream", (), {"cuda_stream": handle})
-        original = torch.cuda.current_stream
-        torch.cuda.current_stream = lambda device=None: torch_stream
-        try:
-            return launch_values(x, out, residual, 200, torch.device("cuda:0"))
-        finally:
-            torch.cuda.current_stream = original
-
     # A single row's pitch is its length rounded up to 8 elements, whatever PyTorch reports.
-    assert values(x, out, None) == (x.data_ptr(), out.data_ptr(), None, 1, 200, 104, 200, 0, handle)
+    assert launch_values(x, out, None, 200, device) == (x.data_ptr(), out.data_ptr(), None, 1, 200, 104, 200, 0,
+                                                        handle)
     x4, out4 = torch.randn(8, 128, dtype=torch.bfloat16)[::2], torch.empty(4, 256, dtype=torch.bfloat16)
     residual = torch.empty(4, 512, dtype=torch.bfloat16)[:, :256]
-    assert values(x4, out4, residual) == (x4.data_ptr(), out4.data_ptr(), residual.data_ptr(), 4, 200, 256, 256,
-                                          512, handle)
+    assert launch_values(x4, out4, residual, 256, device) == (x4.data_ptr(), out4.data_ptr(), residual.data_ptr(),
+                                                              4, 256, 256, 256, 512, handle)
