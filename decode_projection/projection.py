@@ -20,7 +20,7 @@ from cuda.bindings import driver
 from cutlass.cute.runtime import make_fake_stream, make_fake_tensor, make_ptr
 from torch.autograd.graph import increment_version
 
-from .kernel.launch import VALUE_KINDS, LaunchValues, SplitKLaunch, tma_pitch_multiple
+from .kernel.launch import EXTENT_TYPES, VALUE_KINDS, LaunchValues, SplitKLaunch, tma_pitch_multiple
 from .kernel.splitk import SplitKGemm
 from .kernel.tactic import GATE_GROUP_ROWS, as_tactic, gated_problems
 from .policy.policies import gated_tactic, resolve_policies
@@ -97,13 +97,9 @@ def kernel_arguments(weight_dtype, output_dtype, epilogue=NO_EPILOGUE) -> tuple:
     if epilogue.bias_dtype is not None:
         dtype = BIAS_DTYPES[epilogue.bias_dtype]
         bias = make_fake_tensor(dtype, (cute.sym_int(),), (1,), assumed_align=dtype.width // 8)
-    values = LaunchValues(0, 0, 0 if epilogue.residual else None, *(kind(1) for kind in DSL_EXTENTS),
+    values = LaunchValues(0, 0, 0 if epilogue.residual else None, *(kind(1) for kind in EXTENT_TYPES),
                           make_fake_stream())
     return (weight, bias, *dsl_pointers(values, operand, output))
-
-
-# The DSL's types of LaunchValues' batch, output rows and three pitches.
-DSL_EXTENTS = (cutlass.Int32, cutlass.Int32, cutlass.Int64, cutlass.Int64, cutlass.Int64)
 
 
 def dsl_pointers(values: LaunchValues, operand, output) -> LaunchValues:

@@ -2,10 +2,10 @@
 
 Every distinct tactic of the shipped tables (decode_projection/policy/tables/*.json) is compiled for sm_90a with the
 weight and output dtypes of its table entries and programmatic dependent launch (what ``PreparedProjection`` launches
-by default), straight through ``cute.compile`` (``projection.compile_kernel``): the disk cache is bypassed, so a change it does not fingerprint
-cannot hide behind a cached kernel. The nvdisasm listing is normalised (the kernel's symbol, whose name the DSL derives from
-the MMA atom and may embed an address, becomes ``KERNEL``) and hashed. A refactor that means to leave the code alone
-checks that every hash stays the same:
+by default), straight through ``cute.compile`` (``projection.compile_kernel``): the disk cache is bypassed, so a
+change it does not fingerprint cannot hide behind a cached kernel. The nvdisasm listing is normalised (the kernel's
+symbol, whose name the DSL derives from the MMA atom and may embed an address, becomes ``KERNEL``) and hashed. A
+refactor that means to leave the code alone checks that every hash stays the same:
 
     python scripts/sass_identity.py --record tests/data/sass-baseline.json
     python scripts/sass_identity.py --check tests/data/sass-baseline.json --workers 2

@@ -1,11 +1,11 @@
 """The compiled entry point of a projection: what changes from call to call arrives as pointers and integers.
 
 A prepared projection's weight (and bias) are CuTe tensors built once. The activations, the output and the
-residual change with every call, and converting each to a CuTe tensor through DLPack cost most of an eager
-call's host time (docs/host-cost.md), so they arrive as bare pointers with the batch and their row pitches, and
-their tensors are built here, inside the compiled host function, with exactly the types the kernel was written
-for: every extent dynamic, the activations' pitch a multiple of 16 bytes (TMA), the output's and the residual's
-unconstrained. The kernel's SASS is the same either way (scripts/sass_identity.py).
+residual change with every call, and a DLPack conversion of each per call would take most of an eager call's
+host time (docs/host-cost.md), so they arrive as bare pointers with the batch and their row pitches, and their
+tensors are built here, inside the compiled host function, with the types of a DLPack view with a dynamic layout:
+every extent dynamic, the activations' pitch a multiple of 16 bytes (TMA), the output's and the residual's
+unconstrained (scripts/sass_identity.py pins the kernels' SASS).
 """
 
 import ctypes
@@ -37,6 +37,8 @@ class LaunchValues(NamedTuple):
 # The C type the compiled function takes each value as (runtime/call_slots.py).
 VALUE_KINDS = LaunchValues(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32,
                            ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
+# The DSL's types of the batch, the output rows and the three pitches, as SplitKLaunch declares them.
+EXTENT_TYPES = (cutlass.Int32, cutlass.Int32, cutlass.Int64, cutlass.Int64, cutlass.Int64)
 
 
 def tma_pitch_multiple(element_type) -> int:
