@@ -12,9 +12,9 @@ import torch
 from decode_projection.kernel.tactic import SplitKTactic, gated_problems, max_stages
 from decode_projection.policy import policies, tables
 from decode_projection.policy.policies import (
-    COMPUTE_BOUND_ROWS, STREAMING_STAGE_BYTES, activation_rows_for, activation_tile_choices, covering_tile_grid,
-    default_tactic, filling_tactic, folded_tactic, grid_ctas, one_wave_tactic, predicted_time_us, resolve_policies,
-    shared_weight_tactic, split_rule_tactic, waves,
+    COMPUTE_BOUND_ROWS, LOADED_LATENCY_US, STREAMING_STAGE_BYTES, activation_rows_for, activation_tile_choices,
+    covering_rows, covering_tile_grid, default_tactic, filling_tactic, folded_tactic, grid_ctas, one_wave_tactic,
+    predicted_time_us, resolve_policies, shared_weight_tactic, split_rule_tactic, waves, weight_bytes_in_flight,
 )
 from decode_projection.policy.workload import DECODE_BATCHES, KIMI_K3_SHAPES
 from decode_projection.runtime.gpu import H100, H200, KNOWN_GPUS, GpuSpec, device_index
@@ -541,14 +541,43 @@ def test_wide_activation_tiles_take_64_row_split_tiles_timed_next_to_the_128_row
     for gpu in KNOWN_GPUS.values():
         for (n, k), narrow_split in (((2112, 7168), 3), ((1536, 7168), 8), ((3072, 7168), 4), ((2304, 1536), 3)):
             for batch in (48, 64):
-                pick = default_tactic(n, k, batch, gpu)
-                assert pick == split_rule_tactic(n, k, batch, gpu) and pick.weight_rows == 64, f"{n}x{k} M={batch}"
+                wide = split_rule_tactic(n, k, batch, gpu)
+                assert wide.weight_rows == 64, f"{n}x{k} M={batch}"
                 twin = split_rule_tactic(n, k, batch, gpu, wide_rule=False)
                 assert (twin.weight_rows, twin.split) == (128, narrow_split)
-                assert twin in candidate_tactics(n, k, batch, gpu, limit=12), f"{n}x{k} M={batch}"
-            assert default_tactic(n, k, 32, gpu) == split_rule_tactic(n, k, 32, gpu, wide_rule=False)
+                pick = default_tactic(n, k, batch, gpu)
+                if pick == wide:  # else a short filling tile took the cell (the next test)
+                    assert twin in candidate_tactics(n, k, batch, gpu, limit=12), f"{n}x{k} M={batch}"
+            assert split_rule_tactic(n, k, 32, gpu) == split_rule_tactic(n, k, 32, gpu, wide_rule=False)
+    assert default_tactic(1536, 7168, 64, H100) == split_rule_tactic(1536, 7168, 64, H100)
     assert default_tactic(2112, 7168, 64, batch_invariant=True).weight_rows == 128
-    assert candidates.wide_rule_twins(default_tactic(2112, 7168, 64), 2112, 7168, 64, order=(4, 1)) == []
+    assert candidates.streaming_rule_twins(default_tactic(2112, 7168, 64), 2112, 7168, 64, order=(4, 1)) == []
+
+
+def test_short_filling_tiles_only_where_they_keep_the_read_ceiling_in_flight():
+    # 16-24-row tiles, one per SM, from 32 activation rows on where the grid's weight in flight covers the card's
+    # read ceiling over the load latency: on the H100 2112 x 7168 (16 rows, 132 CTAs) at M = 24-48 (at 64 the
+    # stages are too few), 2304 x 1536 and 3072 x 7168 (24 rows) at M = 24-64; on the H200 only 3072 x 7168 at
+    # M = 24-48. Never 1536 x 7168's 16-row tiles (96 CTAs) or at M <= 16; the split rule's pick is timed beside.
+    expected = {H100: {(2112, 7168): (24, 32, 48), (2304, 1536): (24, 32, 48, 64), (3072, 7168): (24, 32, 48, 64)},
+                H200: {(3072, 7168): (24, 32, 48)}}
+    for gpu, cells in expected.items():
+        for (n, k) in ((2112, 7168), (2304, 1536), (3072, 7168), (1536, 7168), (1536, 128), (3072, 128)):
+            for batch in (16, 24, 32, 48, 64):
+                pick = default_tactic(n, k, batch, gpu)
+                short = pick.split == 1 and pick.fold == 1 and pick.weight_rows < 32
+                assert short == (batch in cells.get((n, k), ())), f"{gpu.name} {n}x{k} M={batch}: {pick}"
+                if not short:
+                    continue
+                assert pick.weight_rows == covering_rows(n, gpu.sm_count) and pick.dependents_at_start
+                assert weight_bytes_in_flight(pick, n, k, batch, gpu) >= gpu.hbm_bytes_per_us * LOADED_LATENCY_US
+                rule = split_rule_tactic(n, k, batch, gpu)
+                assert candidates.streaming_rule_twins(replace(pick, dependents_at_start=False), n, k, batch,
+                                                       gpu) == [rule]
+                assert rule in candidate_tactics(n, k, batch, gpu, limit=12), f"{n}x{k} M={batch}"
+    # In flight: each resident CTA's stages, at most its rank's K tiles, of weight rows.
+    assert weight_bytes_in_flight(SplitKTactic(16, 32, 1, 9, k_boxes=2), 2112, 7168, 32) == 132 * 9 * 16 * 128 * 2
+    assert weight_bytes_in_flight(SplitKTactic(64, 32, 1, 18), 3072, 128, 32) == 48 * 2 * 64 * 64 * 2
 
 
 def test_a_streaming_pick_split_3_or_4_is_timed_next_to_its_twin_in_the_other():
@@ -557,15 +586,16 @@ def test_a_streaming_pick_split_3_or_4_is_timed_next_to_its_twin_in_the_other():
     # twin in one-box stages.
     for gpu in KNOWN_GPUS.values():
         for batch in (16, 24, 32):
-            pick = default_tactic(2112, 7168, batch, gpu)
-            assert pick.split == 3
-            assert replace(pick, split=4) in candidate_tactics(2112, 7168, batch, gpu, limit=12), f"M={batch}"
+            rule = split_rule_tactic(2112, 7168, batch, gpu)  # the H100's pick from M = 24 on: a short filling tile
+            assert rule.split == 3 and candidates.split_twins(rule, 7168) == [replace(rule, split=4)]
+            if default_tactic(2112, 7168, batch, gpu) == rule:
+                assert replace(rule, split=4) in candidate_tactics(2112, 7168, batch, gpu, limit=12), f"M={batch}"
         for batch in (24, 32):
-            pick = default_tactic(3072, 7168, batch, gpu)
-            assert pick.split == 4
-            twin = SplitKTactic(pick.weight_rows, pick.activation_rows, 3,
-                                max_stages(pick.weight_rows, pick.activation_rows, 3))
-            assert twin in candidate_tactics(3072, 7168, batch, gpu, limit=12), f"M={batch}"
+            rule = split_rule_tactic(3072, 7168, batch, gpu)  # both cards pick a short filling tile here instead
+            assert rule.split == 4
+            twin = SplitKTactic(rule.weight_rows, rule.activation_rows, 3,
+                                max_stages(rule.weight_rows, rule.activation_rows, 3))
+            assert candidates.split_twins(rule, 7168) == [twin], f"M={batch}"
     # Not under a pinned order or batch invariance, and not for other splits or compute-bound picks.
     assert candidates.split_twins(default_tactic(2112, 7168, 24), 7168, order=(4, 2)) == []
     assert default_tactic(2112, 7168, 24, batch_invariant=True).split == 4

@@ -42,6 +42,11 @@ MIN_STAGES = 3  # one-box stages: shallower pipelines never won a sweep (wide st
 # 128-row split tiles with 2.
 STREAMING_STAGE_BYTES = 40 * 1024
 MIN_FILLING_ROWS = WGMMA_ROWS // 2  # fewer rows leave most of a filling tile's 64-row shared-memory tile padding
+# Filling tiles of MIN_SHORT_FILLING_ROWS up to MIN_FILLING_ROWS rows only from this activation tile on, and only
+# where the grid keeps enough weight in flight to stream at the card's read ceiling (filling_tactic).
+MIN_SHORT_FILLING_ROWS = WGMMA_ROWS // 4
+MIN_SHORT_FILLING_ACTIVATION_ROWS = 32
+LOADED_LATENCY_US = 1.3  # a TMA load's latency while the weight streams, as fitted (predicted_time_us)
 # A folded filling tile loads at least this many weight rows into its 64-row warpgroup tile per stage (its rows
 # times the fold): 2304 rows in 2-folds of 18 (36 of 64) ran no faster than the split rule.
 MIN_FOLDED_WEIGHT_ROWS = 3 * WGMMA_ROWS // 4
@@ -158,21 +163,42 @@ def streaming_boxes(rows: int, acts: int, split: int, k: int) -> int:
 
 
 def filling_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTactic | None:
-    """For streaming batches: one unsplit tile per SM of 32-192 rows (a multiple of 8), else None."""
+    """For streaming batches: one unsplit tile per SM of 32-192 rows (a multiple of 8), or of 16-24 rows from
+    MIN_SHORT_FILLING_ACTIVATION_ROWS on where the grid keeps the card's read ceiling times LOADED_LATENCY_US of
+    weight in flight (``weight_bytes_in_flight``), else None."""
     # As few rows as put one tile on each SM. In the H200 tune timings of 2026-12-04/05
     # (docs/measurements/*tune-timings*) tiles of 48-160 rows ran 1.03x the best timed tactic where the split rule
-    # ran 1.085x (the full tune: 61 of 66 cells faster), the 32-row tiles of 3584 x 7168 won or tied (10 of 10
-    # faster in two files, even in a third), and 16-24-row tiles lost to the split rule in every file (24 rows:
-    # 1.10-1.16x against 1.05-1.06x).
+    # ran 1.085x (the full tune: 61 of 66 cells faster), and the 32-row tiles of 3584 x 7168 won or tied (10 of 10
+    # faster in two files, even in a third).
+    # Shorter tiles stream only with enough of them in flight. In the H100 timings (4.0 MB needed) the 16-row tiles
+    # of 2112 x 7168 (132 CTAs) and the 24-row tiles of 2304 x 1536 and 3072 x 7168 (96 and 128 CTAs), 4.1-7.1 MB,
+    # ran 1.000-1.030x the best timed tactic at M = 24-64 where the split rule's picks ran 1.007-1.041x (its 64-row
+    # picks at M = 48-64 1.07-1.16x after glue in the benchmark); 1536 x 7168's 16-row tiles (96 CTAs, 2.8-3.5 MB)
+    # ran 1.07-1.15x. On the H200 (5.7 MB needed) only 3072 x 7168 at M = 24-48 qualifies: 1.000-1.038x in four
+    # tunes where the split rule's picks ran 1.032-1.065x. At M = 16 the 4-box tiles of 16-24 rows ran 1.08-1.13x
+    # on the H100 (docs/measurements/2026-12-07-heuristic-short-filling-tiles.txt).
     if gpu.sm_count < 1:
         return None
     rows = covering_rows(n, gpu.sm_count)
-    if not MIN_FILLING_ROWS <= rows <= WEIGHT_ROWS[-1]:
-        return None
     acts = activation_rows_for(batch)
+    short = rows < MIN_FILLING_ROWS
+    if (not MIN_SHORT_FILLING_ROWS <= rows <= WEIGHT_ROWS[-1]
+            or (short and acts < MIN_SHORT_FILLING_ACTIVATION_ROWS)):
+        return None
     boxes = streaming_boxes(rows, acts, 1, k)
     tactic = SplitKTactic(rows, acts, 1, max_stages(rows, acts, 1, boxes), k_boxes=boxes)
-    return as_tactic(tactic) if tactic.valid else None
+    if not tactic.valid or (short and weight_bytes_in_flight(tactic, n, k, batch, gpu)
+                            < gpu.hbm_bytes_per_us * LOADED_LATENCY_US):
+        return None
+    return as_tactic(tactic)
+
+
+def weight_bytes_in_flight(tactic: SplitKTactic, n: int, k: int, batch: int, gpu: GpuSpec = H200) -> int:
+    """Weight bytes the resident CTAs of ``tactic``'s grid have loading at once: each its stages, at most its rank's
+    K tiles, of weight rows (padding rows are never loaded)."""
+    resident = min(grid_ctas(tactic, n, batch), gpu.sm_count * ctas_per_sm(tactic, gpu))
+    stages = min(tactic.stages, tactic.k_slice(k, rank=0).stages)
+    return resident * stages * tactic.fold * tactic.weight_rows * tactic.tile_k * 2
 
 
 def folded_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTactic | None:
@@ -409,14 +435,14 @@ def predicted_time_us(n: int, k: int, batch: int, tactic: SplitKTactic, gpu: Gpu
     # split-K reduction adds a fixed cost. The constants were fitted to the 2,070 candidates the H200 tuner
     # timed (docs/measurements/*tune-timings*): ranked by this model, the pick among them is 9% slower than
     # the best on average, against 17% with the earlier hand-set constants.
-    latency_us, l2_bytes_per_us, launch_us, wave_us, reduce_us = 1.3, 18e6, 2.0, 2.2, 1.9
+    l2_bytes_per_us, launch_us, wave_us, reduce_us = 18e6, 2.0, 2.2, 1.9
     n_tiles = math.ceil(n / tactic.weight_rows)
     m_tiles = math.ceil(batch / tactic.activation_rows)
     ctas = grid_ctas(tactic, n, batch)
     per_sm = ctas_per_sm(tactic, gpu)
     resident = min(ctas, gpu.sm_count * per_sm)
     in_flight = resident * tactic.stages * tactic.stage_load_bytes  # padding rows are never loaded
-    bandwidth = min(gpu.hbm_bytes_per_us, in_flight / latency_us, min(ctas, gpu.sm_count) * SM_BYTES_PER_US)
+    bandwidth = min(gpu.hbm_bytes_per_us, in_flight / LOADED_LATENCY_US, min(ctas, gpu.sm_count) * SM_BYTES_PER_US)
     weight_us = m_tiles * n * k * 2 / bandwidth
     # Every CTA reads its K slice of the activation tile: per weight tile, all of K.
     act_us = n_tiles * m_tiles * tactic.activation_rows * k * 2 / l2_bytes_per_us

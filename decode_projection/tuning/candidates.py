@@ -12,7 +12,8 @@ batches the reserved slots alone exceed 8: the H200 tables were tuned with 12 to
 2. WIDE_STAGE_CANDIDATES 2- and 4-box variants of the first two (and a compute-bound
    pick's one-box twin where it has wide stages), unless an order pins the split and K boxes;
    then a streaming pick's twin in the other of splits 3 and 4 (SPLIT_TWIN_CANDIDATES), and a 64-row split-rule
-   pick's twin in the 128-row tiles the rule turned away from at wide activation tiles (``wide_rule_twins``).
+   pick's twin in the 128-row tiles the rule turned away from at wide activation tiles, and a short filling
+   pick's in the split rule's tiles (``streaming_rule_twins``).
 3. SHARED_LOAD_CANDIDATES: the first with its activation tile multicast to 2 and 4
    weight tiles, from SHARED_LOAD_ROWS activation rows on (multicast never changes
    the sums), unless rounding the tiles up to whole groups would push a one-wave
@@ -45,8 +46,9 @@ from ..kernel.tactic import (
     WEIGHT_ROWS_AS_A, WEIGHT_ROWS_AS_B, SplitKTactic, max_stages,
 )
 from ..policy.policies import (
-    COMPUTE_BOUND_ROWS, HEURISTIC_WEIGHT_ROWS, MIN_STAGES, MOST_CTAS_PER_SM,
-    activation_rows_for, activation_tile_choices, covering_rows, ctas_per_sm, default_tactic, largest_split,
+    COMPUTE_BOUND_ROWS, HEURISTIC_WEIGHT_ROWS, MIN_FILLING_ROWS, MIN_STAGES, MOST_CTAS_PER_SM,
+    activation_rows_for, activation_tile_choices, covering_rows, ctas_per_sm, default_tactic, filling_tactic,
+    largest_split,
     may_start_dependents_early, predicted_time_us, split_rule_tactic, stages_sharing_an_sm, waves,
 )
 from ..runtime.gpu import H200, GpuSpec
@@ -260,13 +262,19 @@ def split_twins(pick: SplitKTactic, k: int, order=None) -> list[SplitKTactic]:
     return [twin][:SPLIT_TWIN_CANDIDATES] if twin.valid and fills_every_rank(twin, k) else []
 
 
-def wide_rule_twins(pick: SplitKTactic, n: int, k: int, batch: int, gpu: GpuSpec = H200,
-                    order=None) -> list[SplitKTactic]:
-    """Where ``pick`` is the split rule's with 64-row tiles at a wide activation tile, the rule's pick without that
-    (``split_rule_tactic(..., wide_rule=False)``), so that the timings keep judging it."""
-    if order is not None or pick != split_rule_tactic(n, k, batch, gpu):
+def streaming_rule_twins(pick: SplitKTactic, n: int, k: int, batch: int, gpu: GpuSpec = H200,
+                         order=None) -> list[SplitKTactic]:
+    """What the streaming rules turned away from, so that the timings keep judging them: where ``pick`` is the
+    split rule's with 64-row tiles at a wide activation tile, its pick without that (``split_rule_tactic(...,
+    wide_rule=False)``); where ``pick`` is a filling tile under MIN_FILLING_ROWS rows, the split rule's pick."""
+    if order is not None or pick.activation_rows >= COMPUTE_BOUND_ROWS:
         return []
-    twin = split_rule_tactic(n, k, batch, gpu, wide_rule=False)
+    if pick == split_rule_tactic(n, k, batch, gpu):
+        twin = split_rule_tactic(n, k, batch, gpu, wide_rule=False)
+    elif pick.weight_rows < MIN_FILLING_ROWS and pick == filling_tactic(n, k, batch, gpu):
+        twin = split_rule_tactic(n, k, batch, gpu)
+    else:
+        return []
     return [] if twin == pick else [twin]
 
 
@@ -315,7 +323,7 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
         every_shared_weight = shared_weight_tactics(n, k, batch, gpu)
         shared_weight = [t for t in every_shared_weight if t not in weight_as_b][:SHARED_WEIGHT_CANDIDATES]
         shared_weight += buffered_keeping_most_stages(every_shared_weight, gpu)[:SHARED_WEIGHT_BUFFERED_CANDIDATES]
-    split_twin = [t for t in split_twins(pick, k, order) + wide_rule_twins(pick, n, k, batch, gpu, order)
+    split_twin = [t for t in split_twins(pick, k, order) + streaming_rule_twins(pick, n, k, batch, gpu, order)
                   if t not in padded + folded]
     sharing = [t for t in chosen if ctas_per_sm(t, gpu) > 1]
     buffered = [t for t in buffered_partials_tactics(sharing + padded + chosen, gpu) if t not in chosen + padded]
