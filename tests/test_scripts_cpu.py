@@ -4,6 +4,7 @@ benchmark, replacing shapes, the cells a re-tune changed, profile summaries."""
 import gzip
 import importlib.util
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from decode_projection import SplitKTactic
 from decode_projection.__main__ import main
 from decode_projection.measure.report import median_cells
+from decode_projection.runtime.gpu import H100
 from decode_projection.tuning import table_tools
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
@@ -501,6 +503,20 @@ def test_heuristic_regret_takes_each_cell_from_the_last_file_that_timed_it():
         return {(c["n"], c["k"], c["batch"]): c["file"] for c in regret.newest_cells(documents)}
     assert files([older, newer]) == {(1, 2, 1): "old", (1, 2, 8): "new", (3, 2, 1): "new"}
     assert files([newer, older])[1, 2, 8] == "old"  # the order given decides
+
+
+def test_heuristic_regret_judges_the_mean_or_the_worst_context_against_the_tuners_choice():
+    regret = load_script("heuristic_regret")
+    pick = regret.default_tactic(7168, 1536, 1, H100)
+    other = SplitKTactic(128, 8, 4, 6)
+    # The pick: 10 us back to back, 12 after glue; the other 11 and 10 (the tuner's choice on the geometric mean).
+    cell = {"n": 7168, "k": 1536, "batch": 1, "contexts": ["chain", "glue"],
+            "timed": [[asdict(pick), 10.0, 12.0], [asdict(other), 11.0, 10.0]]}
+    (*_, mean, _), = regret.regrets([cell], H100)
+    (*_, worst, _), = regret.regrets([cell], H100, worst_context=True)
+    assert mean == pytest.approx((120 ** 0.5) / (110 ** 0.5)) and worst == pytest.approx(1.2)
+    (*_, untimed, _), = regret.regrets([{**cell, "timed": [[asdict(other), 11.0, 10.0]]}], H100, worst_context=True)
+    assert untimed is None
 
 
 def test_early_trigger_pairs_compare_each_twin_across_two_sets_of_timings(tmp_path, capsys):
