@@ -2,10 +2,11 @@
 
 For each cell (shape, batch) of a file, the heuristic's tactic on the card the file was timed on (``--gpu``) is
 looked up among the timed ones and its time (the geometric mean over the launch contexts timed, as the tuner ranks)
-divided by the best (``--worst-context``: its time over the tuner's choice in each context, the worst); printed is the geometric mean of that ratio at streaming (M <= 64) and compute-bound batches,
-how many cells run more than FAR_BEHIND behind, and how many timed no such tactic. ``--newest`` judges the files
-as one, each cell from the last file (in the order given) that timed it. The heuristic is what every shape or
-batch without a tuned table gets, on any GPU.
+divided by the best (``--worst-context``: its time over the tuner's choice in each context, the worst); printed is
+the geometric mean of that ratio at streaming (M <= 64) and compute-bound batches, how many cells run more than
+FAR_BEHIND behind, and how many timed no such tactic. ``--newest`` judges the files as one, each cell from the last
+file (in the order given) that timed it. The heuristic is what every shape or batch without a tuned table gets, on
+any GPU.
 
     python scripts/heuristic_regret.py docs/measurements/*tune-timings*.json.gz [--cells] [--gpu "NVIDIA H100 80GB HBM3"]
     python scripts/heuristic_regret.py --newest --gpu "NVIDIA H100 80GB HBM3" docs/measurements/*timings-h100*.json.gz

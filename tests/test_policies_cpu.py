@@ -12,9 +12,10 @@ import torch
 from decode_projection.kernel.tactic import SplitKTactic, gated_problems, max_stages
 from decode_projection.policy import policies, tables
 from decode_projection.policy.policies import (
-    COMPUTE_BOUND_ROWS, LOADED_LATENCY_US, STREAMING_STAGE_BYTES, activation_rows_for, activation_tile_choices,
-    covering_rows, covering_tile_grid, default_tactic, filling_tactic, folded_tactic, grid_ctas, one_wave_tactic,
-    predicted_time_us, resolve_policies, shared_weight_tactic, split_rule_tactic, waves, weight_bytes_in_flight,
+    COMPUTE_BOUND_ROWS, LOADED_LATENCY_US, MIN_FILLING_ROWS, STREAMING_STAGE_BYTES, activation_rows_for,
+    activation_tile_choices, covering_rows, covering_tile_grid, default_tactic, filling_tactic, folded_tactic,
+    grid_ctas, one_wave_tactic, predicted_time_us, resolve_policies, shared_weight_tactic, split_rule_tactic,
+    unsplit_k_tactic, waves, weight_bytes_in_flight,
 )
 from decode_projection.policy.workload import DECODE_BATCHES, KIMI_K3_SHAPES
 from decode_projection.runtime.gpu import H100, H200, KNOWN_GPUS, GpuSpec, device_index
@@ -79,10 +80,13 @@ def test_heuristic_picks_are_pinned(shape, at1, at16, at64, at256):
 
 def test_filling_tiles_put_one_unsplit_tile_on_each_sm():
     for n in range(64, 30000, 136):
-        for batch in (1, 16, 64):
+        for batch in (1, 16, 32, 64):
             tactic = filling_tactic(n, 7168, batch)
             rows = math.ceil(n / H200.sm_count)
-            if 8 * math.ceil(rows / 8) < 32 or rows > 192:  # under half a warpgroup tile, or wider than a tile
+            if 8 * math.ceil(rows / 8) < 32 and tactic is not None:  # a short tile: the next test's rule
+                assert batch >= 32 and tactic.weight_rows >= 16 and weight_bytes_in_flight(
+                    tactic, n, 7168, batch) >= H200.hbm_bytes_per_us * LOADED_LATENCY_US, n
+            elif 8 * math.ceil(rows / 8) < 32 or rows > 192:  # under half a warpgroup tile, or wider than a tile
                 assert tactic is None, n
                 continue
             assert (tactic.split, tactic.weight_rows % 8, tactic.activation_rows) == (1, 0, activation_rows_for(batch))
@@ -565,7 +569,7 @@ def test_short_filling_tiles_only_where_they_keep_the_read_ceiling_in_flight():
         for (n, k) in ((2112, 7168), (2304, 1536), (3072, 7168), (1536, 7168), (1536, 128), (3072, 128)):
             for batch in (16, 24, 32, 48, 64):
                 pick = default_tactic(n, k, batch, gpu)
-                short = pick.split == 1 and pick.fold == 1 and pick.weight_rows < 32
+                short = pick.split == 1 and pick.fold == 1 and pick.weight_rows < MIN_FILLING_ROWS
                 assert short == (batch in cells.get((n, k), ())), f"{gpu.name} {n}x{k} M={batch}: {pick}"
                 if not short:
                     continue
@@ -578,6 +582,22 @@ def test_short_filling_tiles_only_where_they_keep_the_read_ceiling_in_flight():
     # In flight: each resident CTA's stages, at most its rank's K tiles, of weight rows.
     assert weight_bytes_in_flight(SplitKTactic(16, 32, 1, 9, k_boxes=2), 2112, 7168, 32) == 132 * 9 * 16 * 128 * 2
     assert weight_bytes_in_flight(SplitKTactic(64, 32, 1, 18), 3072, 128, 32) == 48 * 2 * 64 * 64 * 2
+
+
+def test_weights_too_short_along_k_to_split_take_one_weight_as_b_tile_per_sm():
+    # 2304 x 1536: 24 K tiles (a split of 2 leaves ranks under 16) and 36 tiles of 64 rows, under 70% of the SMs:
+    # at M = 128 and 192 one 24-row tile per SM with the weight as B on both cards, not the split grid; at M = 96 the
+    # weight as B would pad the batch (the one-wave rule stays), at M = 256 the shared-weight rule comes first.
+    for gpu in KNOWN_GPUS.values():
+        for batch in (128, 192):
+            pick = default_tactic(2304, 1536, batch, gpu)
+            assert pick == unsplit_k_tactic(2304, 1536, batch, gpu), f"M={batch}"
+            assert (pick.weight_rows, pick.activation_rows, pick.split, pick.weight_as_b) == (24, batch, 1, True)
+            assert grid_ctas(pick, 2304, batch) == 96 and waves(pick, 2304, batch, gpu) == 1
+        assert unsplit_k_tactic(2304, 1536, 96, gpu) is None
+        assert default_tactic(2304, 1536, 256, gpu) == shared_weight_tactic(2304, 1536, 256, gpu)
+        # K long enough to split (7168), or 64-row tiles that fill the SMs unsplit (7168 rows): the other rules.
+        assert unsplit_k_tactic(2304, 7168, 128, gpu) is None and unsplit_k_tactic(7168, 1536, 128, gpu) is None
 
 
 def test_a_streaming_pick_split_3_or_4_is_timed_next_to_its_twin_in_the_other():

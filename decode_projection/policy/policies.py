@@ -6,15 +6,17 @@ CTAs that split-K reductions and re-read activations cost more than they hide.
 Measured on an H200 (docs/streaming.md): the deepest pipeline that fits wins.
 A weight tall enough gets one unsplit tile per SM, each as wide as the SMs
 leave it, or for up to 32 rows per SM folding K into one warpgroup tile at
-small batches; for a shorter one about 0.4 CTAs per SM already saturate HBM when
-each keeps ~200 KB in flight, and past that, extra split only adds reduction
-work. A streaming CTA with an SM to itself lets the next launch in as it
+small batches, or for 16-24 rows per SM where the grid keeps the card's read
+ceiling times the load latency in flight; for a shorter one about 0.4 CTAs per
+SM already saturate HBM when each keeps ~200 KB in flight, and past that, extra
+split only adds reduction work. A streaming CTA with an SM to itself lets the next launch in as it
 starts. Compute-bound batches (activation tiles of 96 or more) want the fullest
 grid that fits in one wave, or where that tiles the batch (reading the weight
 more than once) one over the whole batch that fills most of the SMs; neighbouring
 weight tiles share each activation load where K is long enough to share; a weight
-too tall for any such grid gets one tile per SM with the weight as B, and one
-shorter than a pipeline's worth of K streaming tiles over a third of the SMs.
+too tall for any such grid, or too short along K to split, gets one tile per SM
+with the weight as B, and one shorter than a pipeline's worth of K streaming
+tiles over a third of the SMs.
 The rules and their evidence: docs/tactics-and-heuristic.md.
 """
 
@@ -42,11 +44,13 @@ MIN_STAGES = 3  # one-box stages: shallower pipelines never won a sweep (wide st
 # 128-row split tiles with 2.
 STREAMING_STAGE_BYTES = 40 * 1024
 MIN_FILLING_ROWS = WGMMA_ROWS // 2  # fewer rows leave most of a filling tile's 64-row shared-memory tile padding
-# Filling tiles of MIN_SHORT_FILLING_ROWS up to MIN_FILLING_ROWS rows only from this activation tile on, and only
-# where the grid keeps enough weight in flight to stream at the card's read ceiling (filling_tactic).
+# Filling tiles of MIN_SHORT_FILLING_ROWS rows to under MIN_FILLING_ROWS only from this activation tile on, and
+# only where the grid keeps enough weight in flight to stream at the card's read ceiling (filling_tactic).
 MIN_SHORT_FILLING_ROWS = WGMMA_ROWS // 4
 MIN_SHORT_FILLING_ACTIVATION_ROWS = 32
-LOADED_LATENCY_US = 1.3  # a TMA load's latency while the weight streams, as fitted (predicted_time_us)
+# A TMA load's latency while the weight streams: fitted in predicted_time_us on every byte a stage loads, and used
+# as it is on the weight's bytes alone by filling_tactic.
+LOADED_LATENCY_US = 1.3
 # A folded filling tile loads at least this many weight rows into its 64-row warpgroup tile per stage (its rows
 # times the fold): 2304 rows in 2-folds of 18 (36 of 64) ran no faster than the split rule.
 MIN_FOLDED_WEIGHT_ROWS = 3 * WGMMA_ROWS // 4
@@ -93,7 +97,7 @@ def default_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, batch_inv
         return pinned_tactic(n, k, batch, order, gpu)
     if acts >= COMPUTE_BOUND_ROWS and not batch_invariant:
         return (short_k_tactic(n, k, batch, gpu) or shared_weight_tactic(n, k, batch, gpu)
-                or one_wave_tactic(n, k, batch, gpu))
+                or unsplit_k_tactic(n, k, batch, gpu) or one_wave_tactic(n, k, batch, gpu))
     filling = None if batch_invariant else folded_tactic(n, k, batch, gpu) or filling_tactic(n, k, batch, gpu)
     if filling is not None:
         return starting_dependents_early(filling, gpu)
@@ -171,12 +175,12 @@ def filling_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTac
     # ran 1.085x (the full tune: 61 of 66 cells faster), and the 32-row tiles of 3584 x 7168 won or tied (10 of 10
     # faster in two files, even in a third).
     # Shorter tiles stream only with enough of them in flight. In the H100 timings (4.0 MB needed) the 16-row tiles
-    # of 2112 x 7168 (132 CTAs) and the 24-row tiles of 2304 x 1536 and 3072 x 7168 (96 and 128 CTAs), 4.1-7.1 MB,
-    # ran 1.000-1.030x the best timed tactic at M = 24-64 where the split rule's picks ran 1.007-1.041x (its 64-row
-    # picks at M = 48-64 1.07-1.16x after glue in the benchmark); 1536 x 7168's 16-row tiles (96 CTAs, 2.8-3.5 MB)
-    # ran 1.07-1.15x. On the H200 (5.7 MB needed) only 3072 x 7168 at M = 24-48 qualifies: 1.000-1.038x in four
-    # tunes where the split rule's picks ran 1.032-1.065x. At M = 16 the 4-box tiles of 16-24 rows ran 1.08-1.13x
-    # on the H100 (docs/measurements/2026-12-07-heuristic-short-filling-tiles.txt).
+    # of 2112 x 7168 (132 CTAs) at M = 24-48 and the 24-row tiles of 2304 x 1536 and 3072 x 7168 (96 and 128 CTAs)
+    # at M = 24-64, 4.1-7.1 MB, ran 1.000-1.030x the best timed tactic where the split rule's picks ran
+    # 1.007-1.041x (its 64-row picks at M = 48-64 1.07-1.16x after a kernel in the benchmark); 1536 x 7168's 16-row
+    # tiles (96 CTAs, 2.8-3.5 MB) ran 1.07-1.15x. On the H200 (5.7 MB needed) only 3072 x 7168 at M = 24-48
+    # qualifies: 1.000-1.038x in four tunes where the split rule's picks ran 1.032-1.065x. At M = 16 the 4-box
+    # tiles of 16-24 rows ran 1.07-1.13x on the H100 (docs/measurements/2026-12-07-heuristic-short-filling-tiles.txt).
     if gpu.sm_count < 1:
         return None
     rows = covering_rows(n, gpu.sm_count)
@@ -194,11 +198,16 @@ def filling_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTac
 
 
 def weight_bytes_in_flight(tactic: SplitKTactic, n: int, k: int, batch: int, gpu: GpuSpec = H200) -> int:
-    """Weight bytes the resident CTAs of ``tactic``'s grid have loading at once: each its stages, at most its rank's
-    K tiles, of weight rows (padding rows are never loaded)."""
-    resident = min(grid_ctas(tactic, n, batch), gpu.sm_count * ctas_per_sm(tactic, gpu))
+    """Weight bytes the resident CTAs of ``tactic``'s grid have loading at once: each its stages, at most the first
+    rank's K tiles, of the weight rows it loads (padding rows are never loaded)."""
     stages = min(tactic.stages, tactic.k_slice(k, rank=0).stages)
-    return resident * stages * tactic.fold * tactic.weight_rows * tactic.tile_k * 2
+    stage_bytes = tactic.fold * tactic.weight_load_rows * tactic.tile_k * 2
+    return resident_grid_ctas(tactic, n, batch, gpu) * stages * stage_bytes
+
+
+def resident_grid_ctas(tactic: SplitKTactic, n: int, batch: int, gpu: GpuSpec = H200) -> int:
+    """CTAs of ``tactic``'s grid that ``gpu``'s SMs hold at once."""
+    return min(grid_ctas(tactic, n, batch), gpu.sm_count * ctas_per_sm(tactic, gpu))
 
 
 def folded_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTactic | None:
@@ -270,6 +279,23 @@ def short_k_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTac
                         else max(options, key=lambda o: (o[0], o[3])))
     tactic = as_tactic(SplitKTactic(rows, acts, 1, max_stages(rows, acts, 1)))
     return starting_dependents_early(tactic, gpu)
+
+
+def unsplit_k_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTactic | None:
+    """For compute-bound batches of a weight whose K is too short to split in two (ranks of under
+    COVERING_TILE_K_TILES K tiles) and whose 64-row tiles fill under COVERING_TILE_FILL of the SMs: one unsplit
+    tile per SM with the weight as B, over an activation tile of exactly the batch's covering rows, else None."""
+    # The one-wave rule fills the SMs by splitting K, and short ranks pay the reduction for little work: 2304 x
+    # 1536 (24 K tiles, 36 tiles of 64 rows) at M = 128 and 192 took (64, 128-192, 2) shared four ways and ran
+    # 1.17-1.23x the best timed tactic on the H100, where 24-row tiles with the weight as B (96 CTAs) were the best
+    # in every H100 tune; on the H200 they ran 1.06-1.09x at M = 128 in six tunes, where the split pick's nearest
+    # timed twins ran 1.18-1.33x (docs/measurements/2026-12-07-heuristic-unsplit-k.txt). At M = 96 the weight as
+    # B would pad the batch to 128 rows (1.22-1.34x on both cards).
+    acts = activation_rows_for(batch)
+    if (acts not in ACTIVATION_ROWS_AS_A or math.ceil(k / BOX_K) >= 2 * COVERING_TILE_K_TILES
+            or math.ceil(n / WGMMA_ROWS) >= COVERING_TILE_FILL * gpu.sm_count):
+        return None
+    return tile_per_sm_as_b(n, batch, gpu, multiple=8)
 
 
 def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTactic:
@@ -375,17 +401,18 @@ def in_column_groups(tactic: SplitKTactic) -> SplitKTactic:
     return grouped if grouped.valid else tactic
 
 
-def tile_per_sm_as_b(n: int, batch: int, gpu: GpuSpec = H200) -> SplitKTactic | None:
+def tile_per_sm_as_b(n: int, batch: int, gpu: GpuSpec = H200, *, multiple: int = 16) -> SplitKTactic | None:
     """For compute-bound batches of a weight too tall for a one-wave grid of HEURISTIC_WEIGHT_ROWS tiles: one
-    unsplit tile per SM with the weight as B, the batch in one activation tile, else None."""
+    unsplit tile per SM with the weight as B (rows a multiple of ``multiple``), the batch in one activation tile,
+    else None."""
     # As the filling tiles stream: in the tune timings 20480 x 7168 at M = 96-256 ran (160, 128-256, B) 1.00-1.02x
     # the best timed tactic where the fewest CTAs of 128-row tiles ran 1.09-1.46x (6 of 6 cells faster where
     # timed, H100 2026-12-06 and H200 2026-12-04; the H200 table's tune of 2026-12-05 chose the same tiles).
-    # A multiple of 16 rows: halves of it are wgmma's N where registers are reallocated.
+    # A multiple of 16 rows for tall weights: halves of it are wgmma's N where registers are reallocated.
     if gpu.sm_count < 1:
         return None
     acts = next((rows for rows in ACTIVATION_ROWS_AS_A if rows >= batch), ACTIVATION_ROWS_AS_A[-1])
-    rows = covering_rows(n, gpu.sm_count, multiple=16)
+    rows = covering_rows(n, gpu.sm_count, multiple=multiple)
     if rows not in WEIGHT_ROWS_AS_B:
         return None
     tactic = SplitKTactic(rows, acts, 1, max_stages(rows, acts, 1, weight_as_b=True), weight_as_b=True)
@@ -440,8 +467,8 @@ def predicted_time_us(n: int, k: int, batch: int, tactic: SplitKTactic, gpu: Gpu
     m_tiles = math.ceil(batch / tactic.activation_rows)
     ctas = grid_ctas(tactic, n, batch)
     per_sm = ctas_per_sm(tactic, gpu)
-    resident = min(ctas, gpu.sm_count * per_sm)
-    in_flight = resident * tactic.stages * tactic.stage_load_bytes  # padding rows are never loaded
+    # Padding rows are never loaded.
+    in_flight = resident_grid_ctas(tactic, n, batch, gpu) * tactic.stages * tactic.stage_load_bytes
     bandwidth = min(gpu.hbm_bytes_per_us, in_flight / LOADED_LATENCY_US, min(ctas, gpu.sm_count) * SM_BYTES_PER_US)
     weight_us = m_tiles * n * k * 2 / bandwidth
     # Every CTA reads its K slice of the activation tile: per weight tile, all of K.

@@ -48,8 +48,7 @@ from ..kernel.tactic import (
 from ..policy.policies import (
     COMPUTE_BOUND_ROWS, HEURISTIC_WEIGHT_ROWS, MIN_FILLING_ROWS, MIN_STAGES, MOST_CTAS_PER_SM,
     activation_rows_for, activation_tile_choices, covering_rows, ctas_per_sm, default_tactic, filling_tactic,
-    largest_split,
-    may_start_dependents_early, predicted_time_us, split_rule_tactic, stages_sharing_an_sm, waves,
+    largest_split, may_start_dependents_early, predicted_time_us, split_rule_tactic, stages_sharing_an_sm, waves,
 )
 from ..runtime.gpu import H200, GpuSpec
 from ..runtime.sm90 import PORTABLE_CLUSTER, WGMMA_ROWS
