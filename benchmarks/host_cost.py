@@ -1,4 +1,5 @@
-"""Host time of one eager call: ``PreparedProjection.run`` next to ``F.linear``, per call, in microseconds.
+"""Host time of one eager call: ``PreparedProjection.run`` next to ``F.linear``, and the glue ops (``rms_norm``,
+``silu_and_mul``) next to the PyTorch ops they replace, per call, in microseconds.
 
 A decode loop that is not captured in a CUDA graph pays each call's host time: argument checks, the policy
 lookup and the launch, which here includes encoding the weight's TMA map (it is passed by value). To time the host
@@ -8,7 +9,7 @@ outlasted its sleep is flagged: its time may include waiting. Outputs are checke
 timing. Needs a Hopper GPU.
 
     python benchmarks/host_cost.py
-    python benchmarks/host_cost.py --shape 7168x768 --batches 1,64
+    python benchmarks/host_cost.py --shape 7168x768 --batches 1,64 --glue-width 7168
 """
 
 import argparse
@@ -18,6 +19,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from decode_projection import rms_norm, silu_and_mul
 from decode_projection.projection import PreparedProjection
 
 SLEEP_CYCLES = 200_000_000  # about 0.1 s of GPU clock: longer than any timed loop of --calls calls
@@ -53,6 +55,8 @@ def main() -> None:
     parser.add_argument("--batches", default="1,8,64", help="comma-separated batch sizes")
     parser.add_argument("--calls", type=int, default=200, help=f"calls per timed loop (at most {QUEUE_SAFE_CALLS})")
     parser.add_argument("--rounds", type=int, default=7, help="timed loops; the median is reported")
+    parser.add_argument("--glue-width", type=int, action="append",
+                        help="hidden width of the glue ops' rows (repeatable; default 7168; 0: no glue ops)")
     args = parser.parse_args()
     if not 0 < args.calls <= QUEUE_SAFE_CALLS:
         parser.error(f"--calls must be 1..{QUEUE_SAFE_CALLS}: more would fill the launch queue and wait on the GPU")
@@ -72,6 +76,34 @@ def main() -> None:
             ours, ours_covered = host_us_per_call(lambda: projection.run(x, out), args.calls, args.rounds)
             theirs, theirs_covered = host_us_per_call(lambda: F.linear(x, weight), args.calls, args.rounds)
             print(f"{f'{n}x{k} M={m}':<18} {marked(ours, ours_covered):>8} {marked(theirs, theirs_covered):>9}")
+    widths = [w for w in (args.glue_width or [7168]) if w]
+    if widths:
+        print(f"{'glue op':<30} {'ours':>8} {'torch':>9}")
+    for width in widths:
+        for m in batches:
+            for label, ours_call, torch_call in glue_calls(m, width):
+                ours, ours_covered = host_us_per_call(ours_call, args.calls, args.rounds)
+                theirs, theirs_covered = host_us_per_call(torch_call, args.calls, args.rounds)
+                cell = f"{label} {m}x{width}"
+                print(f"{cell:<30} {marked(ours, ours_covered):>8} {marked(theirs, theirs_covered):>9}")
+
+
+def glue_calls(rows: int, width: int):
+    """``[(label, our op, the PyTorch op it replaces)]`` on fresh ``rows`` x ``width`` BF16 operands, each of ours
+    checked against its PyTorch op first; ours write into a given output, as a decode loop calls them."""
+    x = torch.randn(rows, width, device="cuda", dtype=torch.bfloat16)
+    weight = torch.randn(width, device="cuda", dtype=torch.bfloat16)
+    normed = torch.empty_like(x)
+    gate_up = torch.randn(rows, 2 * width, device="cuda", dtype=torch.bfloat16)
+    activated = torch.empty(rows, width, device="cuda", dtype=torch.bfloat16)
+    calls = [
+        ("rms_norm", lambda: rms_norm(x, weight, out=normed), lambda: F.rms_norm(x, (width,), weight, 1e-6)),
+        ("silu_and_mul", lambda: silu_and_mul(gate_up, out=activated),
+         lambda: F.silu(gate_up[:, :width]) * gate_up[:, width:]),
+    ]
+    for _, ours, theirs in calls:
+        torch.testing.assert_close(ours(), theirs(), rtol=2e-2, atol=2e-2)
+    return calls
 
 
 if __name__ == "__main__":
