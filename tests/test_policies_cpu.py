@@ -555,7 +555,7 @@ def test_wide_activation_tiles_take_64_row_split_tiles_timed_next_to_the_128_row
             assert split_rule_tactic(n, k, 32, gpu) == split_rule_tactic(n, k, 32, gpu, wide_rule=False)
     assert default_tactic(1536, 7168, 64, H100) == split_rule_tactic(1536, 7168, 64, H100)
     assert default_tactic(2112, 7168, 64, batch_invariant=True).weight_rows == 128
-    assert candidates.streaming_rule_twins(default_tactic(2112, 7168, 64), 2112, 7168, 64, order=(4, 1)) == []
+    assert candidates.rule_twins(default_tactic(2112, 7168, 64), 2112, 7168, 64, order=(4, 1)) == []
 
 
 def test_short_filling_tiles_only_where_they_keep_the_read_ceiling_in_flight():
@@ -576,7 +576,7 @@ def test_short_filling_tiles_only_where_they_keep_the_read_ceiling_in_flight():
                 assert pick.weight_rows == covering_rows(n, gpu.sm_count) and pick.dependents_at_start
                 assert weight_bytes_in_flight(pick, n, k, batch, gpu) >= gpu.hbm_bytes_per_us * LOADED_LATENCY_US
                 rule = split_rule_tactic(n, k, batch, gpu)
-                assert candidates.streaming_rule_twins(replace(pick, dependents_at_start=False), n, k, batch,
+                assert candidates.rule_twins(replace(pick, dependents_at_start=False), n, k, batch,
                                                        gpu) == [rule]
                 assert rule in candidate_tactics(n, k, batch, gpu, limit=12), f"{n}x{k} M={batch}"
     # In flight: each resident CTA's stages, at most its rank's K tiles, of weight rows.
@@ -594,6 +594,9 @@ def test_weights_too_short_along_k_to_split_take_one_weight_as_b_tile_per_sm():
             assert pick == unsplit_k_tactic(2304, 1536, batch, gpu), f"M={batch}"
             assert (pick.weight_rows, pick.activation_rows, pick.split, pick.weight_as_b) == (24, batch, 1, True)
             assert grid_ctas(pick, 2304, batch) == 96 and waves(pick, 2304, batch, gpu) == 1
+            # The one-wave rule's split grid it turned away from stays timed.
+            assert candidates.rule_twins(pick, 2304, 1536, batch, gpu) == [one_wave_tactic(2304, 1536, batch, gpu)]
+            assert one_wave_tactic(2304, 1536, batch, gpu) in candidate_tactics(2304, 1536, batch, gpu, limit=12)
         assert unsplit_k_tactic(2304, 1536, 96, gpu) is None
         assert default_tactic(2304, 1536, 256, gpu) == shared_weight_tactic(2304, 1536, 256, gpu)
         # K long enough to split (7168), or 64-row tiles that fill the SMs unsplit (7168 rows): the other rules.

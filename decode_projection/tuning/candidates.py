@@ -12,8 +12,8 @@ batches the reserved slots alone exceed 8: the H200 tables were tuned with 12 to
 2. WIDE_STAGE_CANDIDATES 2- and 4-box variants of the first two (and a compute-bound
    pick's one-box twin where it has wide stages), unless an order pins the split and K boxes;
    then a streaming pick's twin in the other of splits 3 and 4 (SPLIT_TWIN_CANDIDATES), and a 64-row split-rule
-   pick's twin in the 128-row tiles the rule turned away from at wide activation tiles, and a short filling
-   pick's in the split rule's tiles (``streaming_rule_twins``).
+   pick's twin in the 128-row tiles the rule turned away from at wide activation tiles, a short filling pick's in
+   the split rule's tiles, and an unsplit-K pick's in the one-wave rule's (``rule_twins``).
 3. SHARED_LOAD_CANDIDATES: the first with its activation tile multicast to 2 and 4
    weight tiles, from SHARED_LOAD_ROWS activation rows on (multicast never changes
    the sums), unless rounding the tiles up to whole groups would push a one-wave
@@ -48,7 +48,8 @@ from ..kernel.tactic import (
 from ..policy.policies import (
     COMPUTE_BOUND_ROWS, HEURISTIC_WEIGHT_ROWS, MIN_FILLING_ROWS, MIN_STAGES, MOST_CTAS_PER_SM,
     activation_rows_for, activation_tile_choices, covering_rows, ctas_per_sm, default_tactic, filling_tactic,
-    largest_split, may_start_dependents_early, predicted_time_us, split_rule_tactic, stages_sharing_an_sm, waves,
+    largest_split, may_start_dependents_early, one_wave_tactic, predicted_time_us, split_rule_tactic,
+    stages_sharing_an_sm, unsplit_k_tactic, waves,
 )
 from ..runtime.gpu import H200, GpuSpec
 from ..runtime.sm90 import PORTABLE_CLUSTER, WGMMA_ROWS
@@ -261,19 +262,21 @@ def split_twins(pick: SplitKTactic, k: int, order=None) -> list[SplitKTactic]:
     return [twin][:SPLIT_TWIN_CANDIDATES] if twin.valid and fills_every_rank(twin, k) else []
 
 
-def streaming_rule_twins(pick: SplitKTactic, n: int, k: int, batch: int, gpu: GpuSpec = H200,
-                         order=None) -> list[SplitKTactic]:
-    """What the streaming rules turned away from, so that the timings keep judging them: where ``pick`` is the
+def rule_twins(pick: SplitKTactic, n: int, k: int, batch: int, gpu: GpuSpec = H200, order=None) -> list[SplitKTactic]:
+    """What the heuristic's rules turned away from, so that the timings keep judging them: where ``pick`` is the
     split rule's with 64-row tiles at a wide activation tile, its pick without that (``split_rule_tactic(...,
-    wide_rule=False)``); where ``pick`` is a filling tile under MIN_FILLING_ROWS rows, the split rule's pick."""
-    if order is not None or pick.activation_rows >= COMPUTE_BOUND_ROWS:
+    wide_rule=False)``); where ``pick`` is a filling tile under MIN_FILLING_ROWS rows, the split rule's pick; where
+    ``pick`` is ``unsplit_k_tactic``'s, the one-wave rule's."""
+    if order is not None:
         return []
-    if pick == split_rule_tactic(n, k, batch, gpu):
+    if pick.activation_rows >= COMPUTE_BOUND_ROWS:
+        twin = one_wave_tactic(n, k, batch, gpu) if pick == unsplit_k_tactic(n, k, batch, gpu) else pick
+    elif pick == split_rule_tactic(n, k, batch, gpu):
         twin = split_rule_tactic(n, k, batch, gpu, wide_rule=False)
     elif pick.weight_rows < MIN_FILLING_ROWS and pick == filling_tactic(n, k, batch, gpu):
         twin = split_rule_tactic(n, k, batch, gpu)
     else:
-        return []
+        twin = pick
     return [] if twin == pick else [twin]
 
 
@@ -322,7 +325,7 @@ def candidate_tactics(n, k, batch, gpu: GpuSpec = H200, *, limit=8, order=None):
         every_shared_weight = shared_weight_tactics(n, k, batch, gpu)
         shared_weight = [t for t in every_shared_weight if t not in weight_as_b][:SHARED_WEIGHT_CANDIDATES]
         shared_weight += buffered_keeping_most_stages(every_shared_weight, gpu)[:SHARED_WEIGHT_BUFFERED_CANDIDATES]
-    split_twin = [t for t in split_twins(pick, k, order) + streaming_rule_twins(pick, n, k, batch, gpu, order)
+    split_twin = [t for t in split_twins(pick, k, order) + rule_twins(pick, n, k, batch, gpu, order)
                   if t not in padded + folded]
     sharing = [t for t in chosen if ctas_per_sm(t, gpu) > 1]
     buffered = [t for t in buffered_partials_tactics(sharing + padded + chosen, gpu) if t not in chosen + padded]
