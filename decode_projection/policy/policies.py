@@ -3,20 +3,20 @@
 At decode the projection streams the weight once, so what matters is keeping
 enough bytes in flight across the GPU to reach HBM bandwidth, without so many
 CTAs that split-K reductions and re-read activations cost more than they hide.
-Measured on an H200 (docs/streaming.md): the deepest pipeline that fits wins.
-A weight tall enough gets one unsplit tile per SM, each as wide as the SMs
-leave it, or for up to 32 rows per SM folding K into one warpgroup tile at
-small batches, or for 16-24 rows per SM where the grid keeps the card's read
-ceiling times the load latency in flight; for a shorter one about 0.4 CTAs per
-SM already saturate HBM when each keeps ~200 KB in flight, and past that, extra
-split only adds reduction work. A streaming CTA with an SM to itself lets the next launch in as it
-starts. Compute-bound batches (activation tiles of 96 or more) want the fullest
-grid that fits in one wave, or where that tiles the batch (reading the weight
-more than once) one over the whole batch that fills most of the SMs; neighbouring
-weight tiles share each activation load where K is long enough to share; a weight
-too tall for any such grid, or too short along K to split, gets one tile per SM
-with the weight as B, and one shorter than a pipeline's worth of K streaming
-tiles over a third of the SMs.
+Measured on an H200 (docs/streaming.md): the deepest pipeline that fits wins. A
+weight tall enough gets one unsplit tile per SM, each as wide as the SMs leave
+it, or for up to 32 rows per SM folding K into one warpgroup tile at small
+batches, or for 16-24 rows per SM where the grid keeps the card's read ceiling
+times the load latency in flight; for a shorter one about 0.4 CTAs per SM
+already saturate HBM when each keeps ~200 KB in flight, and past that, extra
+split only adds reduction work. A streaming CTA with an SM to itself lets the
+next launch in as it starts. Compute-bound batches (activation tiles of 96 or
+more) want the fullest grid that fits in one wave, or where that tiles the batch
+(reading the weight more than once) one over the whole batch that fills most of
+the SMs; neighbouring weight tiles share each activation load where K is long
+enough to share; a weight too tall for any such grid, or too short along K to
+split, gets one tile per SM with the weight as B, and one shorter than a
+pipeline's worth of K streaming tiles over a third of the SMs.
 The rules and their evidence: docs/tactics-and-heuristic.md.
 """
 
