@@ -285,9 +285,9 @@ def unsplit_k_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKT
     """For compute-bound batches of a weight whose K is too short to split in two (ranks of under
     COVERING_TILE_K_TILES K tiles) and whose 64-row tiles fill under COVERING_TILE_FILL of the SMs: one unsplit
     tile per SM with the weight as B, over an activation tile of exactly the batch's covering rows, else None."""
-    # The one-wave rule fills the SMs by splitting K, and short ranks pay the reduction for little work: 2304 x
-    # 1536 (24 K tiles, 36 tiles of 64 rows) at M = 128 and 192 took (64, 128-192, 2) shared four ways and ran
-    # 1.17-1.23x the best timed tactic on the H100, where 24-row tiles with the weight as B (96 CTAs) were the best
+    # The one-wave rule fills the SMs by splitting K, and short ranks pay the reduction for little work: for 2304 x
+    # 1536 (24 K tiles, 36 tiles of 64 rows) at M = 128 and 192 it gives (64, 128-192, 2) shared four ways, which
+    # ran 1.17-1.23x the best timed tactic on the H100, where 24-row tiles with the weight as B (96 CTAs) were the best
     # in every H100 tune; on the H200 they ran 1.06-1.09x at M = 128 in six tunes, where the split pick's nearest
     # timed twins ran 1.18-1.33x (docs/measurements/2026-12-07-heuristic-unsplit-k.txt). At M = 96 the weight as
     # B would pad the batch to 128 rows (1.22-1.34x on both cards).

@@ -8,8 +8,8 @@ boundary at launch or prepare time lives here, in one place:
   code for ``sm_90a`` only, so anything but compute capability 9.0 is refused
   up front instead of failing inside the compiler or at launch.
 - ``current_stream``: the caller's current torch stream as the driver handle a
-  compiled function takes (``current_stream_handle``: its number), so launches follow the caller's stream (and CUDA
-  graph capture) without a host sync.
+  compiled function takes (``current_stream_handle``: its number), so launches
+  follow the caller's stream (and CUDA graph capture) without a host sync.
 - ``to_cute``: an explicit torch -> CuTe tensor conversion. Handing a
   ``torch.Tensor`` straight to a compiled function goes through an adapter
   whose argument struct may silently differ from what was compiled.

@@ -268,16 +268,16 @@ def rule_twins(pick: SplitKTactic, n: int, k: int, batch: int, gpu: GpuSpec = H2
     wide_rule=False)``); where ``pick`` is a filling tile under MIN_FILLING_ROWS rows, the split rule's pick; where
     ``pick`` is ``unsplit_k_tactic``'s, the one-wave rule's."""
     if order is not None:
-        return []
-    if pick.activation_rows >= COMPUTE_BOUND_ROWS:
-        twin = one_wave_tactic(n, k, batch, gpu) if pick == unsplit_k_tactic(n, k, batch, gpu) else pick
+        twins = []
+    elif pick.activation_rows >= COMPUTE_BOUND_ROWS:
+        twins = [one_wave_tactic(n, k, batch, gpu)] if pick == unsplit_k_tactic(n, k, batch, gpu) else []
     elif pick == split_rule_tactic(n, k, batch, gpu):
-        twin = split_rule_tactic(n, k, batch, gpu, wide_rule=False)
+        twins = [split_rule_tactic(n, k, batch, gpu, wide_rule=False)]
     elif pick.weight_rows < MIN_FILLING_ROWS and pick == filling_tactic(n, k, batch, gpu):
-        twin = split_rule_tactic(n, k, batch, gpu)
+        twins = [split_rule_tactic(n, k, batch, gpu)]
     else:
-        twin = pick
-    return [] if twin == pick else [twin]
+        twins = []
+    return [twin for twin in twins if twin != pick]
 
 
 def with_k_boxes(tactic: SplitKTactic, k_boxes: int) -> SplitKTactic:
