@@ -185,6 +185,8 @@ FEATURES = {
     "gated, padded weight tiles": lambda c: c.gated and c.padded,
     "gated, activations multicast": lambda c: c.gated and c.tactic.activation_sharers > 1,
     "gated, N not whole groups of 8": lambda c: c.gated and c.n % 8 != 0,
+    "gated, folded": lambda c: c.gated and c.epilogue == "folded",
+    "gated, folded, last activation tile moved back": lambda c: c.gated and c.epilogue == "folded" and c.moved_back,
     "gated, split-K reduction": lambda c: c.gated and c.epilogue == "reduction",
     "gated, split-K reduction of four ranks, FP32 output": lambda c: (
         c.gated and c.epilogue == "reduction" and c.tactic.split == 4 and c.output_dtype == FP32),
@@ -287,6 +289,10 @@ CASES = [
     # Gated with the weight as B: a gate row and its up row in neighbouring 8-column blocks; staged, and direct.
     Case(T(48, 128, 1, 5, k_boxes=2, multicast=2, weight_as_b=True), 100, 1000, 250, gated=True),
     Case(T(64, 192, 1, 7, weight_as_b=True), 70, 1000, 190, output_dtype=FP32, gated=True),
+    # Gated and folded: each output's gate and up partials summed through shared memory (a whole slot of two groups
+    # with the early start, N not whole groups of 8; one group in a slot of 16, the last activation tile moved back).
+    Case(T(32, 8, 1, 11, k_boxes=2, dependents_at_start=True, fold=2), 150, 1000, 5, gated=True),
+    Case(T(16, 16, 1, 7, k_boxes=2, fold=4), 40, 1000, 20, output_dtype=FP32, gated=True),
 ]
 del T
 

@@ -151,9 +151,8 @@ EPILOGUE_CASES = [
     (torch.float16, torch.float16, None, "apart"),
     (torch.bfloat16, torch.bfloat16, torch.bfloat16, "apart"),
 ]
-# Gated projections (weight as A, unfolded, whole 16-row groups): direct stores of one warpgroup and of a
-# padded 32-row tile, staged (a padded 48-row tile too), activations multicast, two column groups, three
-# warpgroups; split K.
+# Gated projections (weight as A, whole 16-row groups): direct stores of one warpgroup and of a padded 32-row tile,
+# staged (a padded 48-row tile too), activations multicast, two column groups, three warpgroups; folded; split K.
 GATED_PATHS = [
     SplitKTactic(64, 8, 1, 6, k_boxes=4),
     SplitKTactic(32, 8, 1, 12, k_boxes=2),
@@ -162,6 +161,10 @@ GATED_PATHS = [
     SplitKTactic(64, 64, 1, 3, multicast=2),
     SplitKTactic(64, 256, 1, 4, column_groups=2),
     SplitKTactic(192, 16, 1, 4),
+    # Folded K, summed through shared memory: a whole slot of two groups (what 3072 x 7168's 24-row folded tiles
+    # gate as) and one group in a slot of 16 rows.
+    SplitKTactic(32, 8, 1, 11, k_boxes=2, dependents_at_start=True, fold=2),
+    SplitKTactic(16, 16, 1, 7, k_boxes=2, fold=4),
     # Split K, its reduction vectors 4 wide: a gate pair and its up pair per vector.
     SplitKTactic(48, 64, 2, 6, k_boxes=2),
     SplitKTactic(48, 16, 2, 11, k_boxes=2),

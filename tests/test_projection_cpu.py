@@ -766,7 +766,7 @@ def test_a_gated_projection_says_what_it_cannot_take(monkeypatch):
     with pytest.raises(ValueError, match="takes no bias or residual"):
         PreparedProjection(weight, {1: tactic}, gated_rows=40, residual=True)
     for cannot, reason in [(SplitKTactic(64, 8, 2, 6), "split K reduces vectors of 2 accumulators"),
-                           (SplitKTactic(24, 8, 1, 6, k_boxes=2, fold=2), "folded K"),
+                           (SplitKTactic(24, 8, 1, 6, k_boxes=2, fold=2), "not whole groups of 16"),
                            (SplitKTactic(56, 8, 1, 6), "not whole groups of 16"),
                            (SplitKTactic(64, 128, 2, 4, weight_as_b=True), "split K with the weight as B")]:
         with pytest.raises(ValueError, match=f"policy batch 1: .* cannot gate: .*{reason}"):
@@ -787,16 +787,19 @@ def test_the_nearest_gated_tactic_keeps_what_it_can():
     assert gated_tactic(SplitKTactic(64, 8, 1, 6, k_boxes=4), 3072, 8) == SplitKTactic(64, 8, 1, 6, k_boxes=4)
     # Split K gates where its reduction vectors are 4 wide.
     assert gated_tactic(SplitKTactic(128, 64, 4, 4, k_boxes=2), 3072, 64) == SplitKTactic(128, 64, 4, 4, k_boxes=2)
-    for tactic in [SplitKTactic(24, 8, 1, 11, k_boxes=2, fold=2), SplitKTactic(64, 8, 2, 6, k_boxes=2),
-                   SplitKTactic(56, 16, 1, 6)]:
+    # A folded tile rounded up to whole groups stays folded where it fits the fold's slot, else unfolds.
+    for tactic, fold in [(SplitKTactic(24, 8, 1, 11, k_boxes=2, fold=2), 2), (SplitKTactic(64, 8, 2, 6, k_boxes=2), 1),
+                         (SplitKTactic(56, 16, 1, 6), 1), (SplitKTactic(8, 8, 1, 4, k_boxes=4, fold=4), 4),
+                         (SplitKTactic(24, 8, 1, 4, k_boxes=4, fold=2), 2)]:
         nearest = gated_tactic(tactic, 3072, tactic.activation_rows)
-        assert not gated_problems(nearest) and nearest.valid and nearest.split == 1
+        assert not gated_problems(nearest) and nearest.valid and nearest.split == 1 and nearest.fold == fold
         assert nearest.activation_rows == tactic.activation_rows and nearest.weight_rows % 16 == 0
-        assert nearest.stages == max_stages(nearest.weight_rows, nearest.activation_rows, 1, nearest.k_boxes)
+        assert nearest.stages == max_stages(nearest.weight_rows, nearest.activation_rows, 1, nearest.k_boxes,
+                                            fold=fold)
     # An early start survives where the nearest tile may start early, on either card.
     for gpu in (H100, H200):
         early = gated_tactic(SplitKTactic(24, 8, 1, 11, k_boxes=2, dependents_at_start=True, fold=2), 3072, 8, gpu)
-        assert early == SplitKTactic(32, 8, 1, 12, k_boxes=2, dependents_at_start=True)
+        assert early == SplitKTactic(32, 8, 1, 11, k_boxes=2, dependents_at_start=True, fold=2)
         assert not gated_tactic(SplitKTactic(48, 64, 2, 6, k_boxes=2), 3072, 64, gpu).dependents_at_start
 
 

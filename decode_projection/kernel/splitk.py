@@ -92,7 +92,7 @@ from cutlass.experimental.cuda import TensorMap, TensorMapL2Promotion, TensorMap
 from cutlass.experimental.primitives import nvvm_wrapper as nvvm
 
 from ..runtime.sm90 import WGMMA_ROWS
-from .tactic import BOX_K, PRODUCER_REGISTERS, SplitKTactic, as_tactic, gated_problems
+from .tactic import BOX_K, GATE_GROUP_ROWS, PRODUCER_REGISTERS, SplitKTactic, as_tactic, gated_problems
 
 # TMA L2 cache-policy descriptors (createpolicy.fractional, fraction 1.0).
 EVICT_FIRST = 0x12F0000000000000
@@ -749,30 +749,49 @@ class SplitKGemm:
                 partials[a_row % t.slot_rows, b_row % t.activation_rows, segment] = acc[r]
         cute.arch.barrier(barrier_id=STAGING_BARRIER, number_of_threads=self.consumer_threads)
         rows, cols = out.shape[0], out.shape[1]
+        if cutlass.const_expr(self.gated):
+            row0 = row0 // 2  # a gated tile's outputs are half its weight rows
         for i in cutlass.range_constexpr(self.folded_slots):
             n, m, stored = self.folded_output(i, tidx, row0, col0, rows, cols, repeated)
             if stored:
-                total = partials[n, m, 0]
-                for segment in cutlass.range_constexpr(1, t.fold):
-                    total = total + partials[n, m, segment]
+                if cutlass.const_expr(self.gated):
+                    # Output n is gate row n of the tile's 8-row gate halves; its up row is eight below.
+                    gate_row = n // 8 * GATE_GROUP_ROWS + n % 8
+                    total = self.gate(self.segment_sum(partials, gate_row, m), self.segment_sum(partials, gate_row + 8, m))
+                else:
+                    total = self.segment_sum(partials, n, m)
                 if cutlass.const_expr(addends is not None):
                     total = self.finish(total, addends, i)
                 self.store_kept_in_l2(out, row0 + n, col0 + m, total.to(out.element_type))
 
+    @cute.jit
+    def segment_sum(self, partials, n, m):
+        """Output (n, m)'s K-segment partials of a folded tile, added in segment order."""
+        total = partials[n, m, 0]
+        for segment in cutlass.range_constexpr(1, self.tactic.fold):
+            total = total + partials[n, m, segment]
+        return total
+
+    @property
+    def folded_rows(self) -> int:
+        """Output rows of a folded tile: its weight rows, or a gated tile's gate rows (half of them)."""
+        return self.tactic.weight_rows // 2 if self.gated else self.tactic.weight_rows
+
     @property
     def folded_slots(self) -> int:
         """Outputs each consumer thread sums and stores in a folded tile (SplitKGemm.store_folded)."""
-        return math.ceil(self.tactic.weight_rows * self.tactic.activation_rows / self.consumer_threads)
+        return math.ceil(self.folded_rows * self.tactic.activation_rows / self.consumer_threads)
 
     @cute.jit
     def folded_output(self, i, tidx, row0, col0, rows, cols, repeated):
-        """``(n, m, stored)``: the tile element of thread ``tidx``'s ``i``-th folded output (consecutive weight rows
-        across the threads) and whether the tile stores it: ``stores``'s mask written out (calling it changed the
-        SASS; a folded tile's n is never padding)."""
+        """``(n, m, stored)``: the tile element of thread ``tidx``'s ``i``-th folded output (consecutive output rows
+        across the threads; ``row0`` is the tile's first output row) and whether the tile stores it: ``stores``'s mask
+        written out (calling it changed the SASS; a folded tile's n is never padding)."""
         t = self.tactic
         index = tidx + i * self.consumer_threads
-        n, m = index % t.weight_rows, index // t.weight_rows
-        return n, m, index < t.weight_rows * t.activation_rows and row0 + n < rows and col0 + m < cols and m >= repeated
+        n, m = index % self.folded_rows, index // self.folded_rows
+        return (n, m, index < self.folded_rows * t.activation_rows and row0 + n < rows and col0 + m < cols
+                and m >= repeated)
 
     @cute.jit
     def send_partial(self, vector, buffer, offset, arrived, g, sharer):

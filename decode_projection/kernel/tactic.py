@@ -460,15 +460,14 @@ GATE_GROUP_ROWS = 16
 
 def gated_problems(tactic: SplitKTactic) -> list[str]:
     """Why ``tactic`` cannot run a gated projection (SplitKGemm's ``gated``), if it cannot: each output's gate sum
-    and, eight rows below, its up sum must meet in one thread (unfolded), in tiles of whole 16-row interleave groups;
-    split, in one reduction vector, which then holds a gate pair and its up pair (the weight as A only)."""
+    and, eight rows below, its up sum must meet in one thread, in tiles of whole 16-row interleave groups; split, in
+    one reduction vector, which then holds a gate pair and its up pair (the weight as A only). A folded tile sums
+    its segments through shared memory, where the thread that stores an output reads both."""
     problems = []
     if tactic.weight_as_b and tactic.split > 1:
         # As B a gate row's accumulators and its up row's are in neighbouring 8-column blocks, so in different
         # reduction vectors, summed by different ranks.
         problems.append("split K with the weight as B reduces a gate row's sums and its up row's on different ranks")
-    if tactic.fold > 1:
-        problems.append("folded K sums each row's segments in other threads")
     if tactic.split > 1 and tactic.reduction_vector != 4:
         # Vector g holds accumulators 4g..4g+3: columns m and m + 1 of rows n and n + 8, gate and up.
         problems.append(f"split K reduces vectors of {tactic.reduction_vector} accumulators, which part a gate row's "

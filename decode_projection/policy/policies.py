@@ -20,6 +20,7 @@ pipeline's worth of K streaming tiles over a third of the SMs.
 The rules and their evidence: docs/tactics-and-heuristic.md.
 """
 
+import itertools
 import math
 from dataclasses import replace
 
@@ -441,12 +442,13 @@ def pinned_tactic(n: int, k: int, batch: int, order, gpu: GpuSpec = H200) -> Spl
 
 
 def stages_sharing_an_sm(rows: int, acts: int, split: int, k_boxes: int = 1, *, per_sm: int = 1,
-                         gpu: GpuSpec = H200) -> int:
-    """The deepest pipeline of (weight) ``rows``, ``acts`` activation rows, ``split`` and ``k_boxes`` that fits in
-    shared memory and lets ``per_sm`` CTAs share an SM of ``gpu`` (the weight as A, its reduction not buffered)."""
+                         gpu: GpuSpec = H200, fold: int = 1) -> int:
+    """The deepest pipeline of (weight) ``rows``, ``acts`` activation rows, ``split``, ``k_boxes`` and ``fold`` that
+    fits in shared memory and lets ``per_sm`` CTAs share an SM of ``gpu`` (the weight as A, its reduction not
+    buffered)."""
     budget = gpu.smem_per_sm // per_sm - RESERVED_SMEM_PER_CTA - BARRIER_BYTES
-    probe = SplitKTactic(rows, acts, split, 1, k_boxes=k_boxes)
-    return min(max_stages(rows, acts, split, k_boxes), budget // probe.stage_bytes)
+    probe = SplitKTactic(rows, acts, split, 1, k_boxes=k_boxes, fold=fold)
+    return min(max_stages(rows, acts, split, k_boxes, fold=fold), budget // probe.stage_bytes)
 
 
 def ctas_per_sm(tactic: SplitKTactic, gpu: GpuSpec = H200) -> int:
@@ -537,6 +539,7 @@ def gated_tactic(tactic: SplitKTactic, n: int, batch: int, gpu: GpuSpec = H200) 
     # not split to fill the SMs: 1536 x 7168's gated 48-row tiles at M = 1 took 16.2 us split in two, 15.6 unsplit.
     if not gated_problems(tactic):
         return tactic
+    fold = 1
     if tactic.weight_as_b:
         rows = WGMMA_ROWS
         shared = tactic.activation_rows * tactic.weight_sharers
@@ -544,10 +547,13 @@ def gated_tactic(tactic: SplitKTactic, n: int, batch: int, gpu: GpuSpec = H200) 
     else:
         rows = min(math.ceil(tactic.weight_rows / GATE_GROUP_ROWS) * GATE_GROUP_ROWS, WEIGHT_ROWS[-1])
         acts = tactic.activation_rows
+        if rows <= WGMMA_ROWS // tactic.fold:
+            fold = tactic.fold  # a folded tile rounded up to whole groups that still fit its slot stays folded
     splits = HEURISTIC_SPLITS[::-1] if acts >= COMPUTE_BOUND_ROWS else (1,)
     for split in splits:
         for boxes in dict.fromkeys((tactic.k_boxes, 1)):
-            nearest = SplitKTactic(rows, acts, split, max_stages(rows, acts, split, boxes), k_boxes=boxes)
+            nearest = SplitKTactic(rows, acts, split, max_stages(rows, acts, split, boxes, fold=fold), k_boxes=boxes,
+                                   fold=fold)
             # Two stages leave one in flight: a split tile must keep the pipeline as deep as the heuristic's.
             if nearest.valid and not gated_problems(nearest) and (
                     split == 1 or (nearest.stages >= MIN_STAGES and waves(nearest, n, batch, gpu) == 1)):
@@ -558,20 +564,21 @@ def gated_tactic(tactic: SplitKTactic, n: int, batch: int, gpu: GpuSpec = H200) 
 def gated_candidates(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> list[SplitKTactic]:
     """Every tactic worth timing for a gated projection of an interleaved weight of ``n`` rows (twice the gate rows)
     at ``batch``, by predicted time: tiles of each whole number of 16-row gate groups (kernel.tactic.gated_problems)
-    over the covering activation tile, in 1-, 2- and 4-box stages, as deep as fit and, where the grid has more CTAs
+    over the covering activation tile, unfolded and folded where they fit a fold's slot, in 1-, 2- and 4-box
+    stages, as deep as fit and, where the grid has more CTAs
     than ``gpu`` has SMs, as deep as let two CTAs share an SM (3072 rows in 16-row tiles: 192 CTAs in one wave on
     132 SMs); those alone on an SM also letting the next launch in as they start (``may_start_dependents_early``)."""
     # gated_tactic maps the table's pick to the nearest tile that can gate, which may leave SMs idle: 3072 x 7168's
-    # 24-row folded tiles (128 CTAs) become 32-row tiles (96 CTAs). These are for timing to choose among.
+    # 24-row folded tiles (128 CTAs) become 32-row folded tiles (96 CTAs). These are for timing to choose among.
     acts = activation_rows_for(batch)
     found = []
-    for rows in [rows for rows in WEIGHT_ROWS_AS_A if rows % GATE_GROUP_ROWS == 0]:
+    for rows, fold in itertools.product([rows for rows in WEIGHT_ROWS_AS_A if rows % GATE_GROUP_ROWS == 0], FOLDS):
         # Where every CTA has an SM anyway, room for two only costs stages.
         sharing = (1, 2) if grid_ctas(SplitKTactic(rows, acts, 1, 2), n, batch) > gpu.sm_count else (1,)
         for boxes in K_BOXES:
             for per_sm in sharing:
-                tactic = SplitKTactic(rows, acts, 1, stages_sharing_an_sm(rows, acts, 1, boxes, per_sm=per_sm, gpu=gpu),
-                                      k_boxes=boxes)
+                stages = stages_sharing_an_sm(rows, acts, 1, boxes, per_sm=per_sm, gpu=gpu, fold=fold)
+                tactic = SplitKTactic(rows, acts, 1, stages, k_boxes=boxes, fold=fold)
                 # Two stages leave one in flight (2 of 4 boxes ran 3x slower: tuning.candidates.folded_tactics), and
                 # stages wider than half of K no pipeline (one-box stages are K's narrowest).
                 if (tactic.valid and not gated_problems(tactic) and tactic.stages >= MIN_STAGES
