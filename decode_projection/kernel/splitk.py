@@ -156,11 +156,13 @@ class CtaWork(NamedTuple):
 
 
 class Addends(NamedTuple):
-    """The bias and residual values (as loaded, in registers) of the outputs one consumer thread stores, slot ``i`` of
-    each for its ``i``-th output (SplitKGemm.thread_outputs); None where the epilogue has no such term."""
+    """The bias and residual values (as loaded, in registers) of the outputs one consumer thread stores: slot ``i`` of
+    the residual for its ``i``-th output (SplitKGemm.thread_outputs), slot ``bias_slots[i]`` of the bias (the first
+    output of its weight row); None where the epilogue has no such term."""
 
     bias: Optional[cute.Tensor]
     residual: Optional[cute.Tensor]
+    bias_slots: tuple = ()
 
 
 class SplitKGemm:
@@ -606,25 +608,45 @@ class SplitKGemm:
         # weight stages in flight and hold up the first wgmma (1.6 us at 7168x4224 M=1 after glue, H100).
         outputs = self.thread_outputs(tiled_mma, tidx, work, out)
         bias_values = residual_values = None
+        bias_slots = ()
         if cutlass.const_expr(bias is not None):
             bias_values = cute.make_rmem_tensor(len(outputs), bias.element_type)
+            # One load per weight row: a thread's outputs span a few rows (two of a 64-column weight-as-A tile's 32).
+            # Read where the row is inside the weight, whichever of its outputs this tile stores.
+            bias_slots = self.bias_slots(tiled_mma, tidx, len(outputs))
+            for i in cutlass.range_constexpr(len(outputs)):
+                if cutlass.const_expr(bias_slots[i] == i):
+                    row, _, _ = outputs[i]
+                    if row < out.shape[0]:
+                        bias_values[i] = bias[row]
         if cutlass.const_expr(residual is not None):
             residual_values = cute.make_rmem_tensor(len(outputs), residual.element_type)
-        for i in cutlass.range_constexpr(len(outputs)):
-            row, col, stored = outputs[i]
-            if stored:
-                if cutlass.const_expr(bias is not None):
-                    bias_values[i] = bias[row]
-                if cutlass.const_expr(residual is not None):
+            for i in cutlass.range_constexpr(len(outputs)):
+                row, col, stored = outputs[i]
+                if stored:
                     residual_values[i] = residual[(row, col, 0)]
-        return Addends(bias_values, residual_values)
+        return Addends(bias_values, residual_values, bias_slots)
+
+    def bias_slots(self, tiled_mma, tidx, count) -> tuple:
+        """For each of a consumer thread's ``count`` output slots (SplitKGemm.thread_outputs), the first slot of the
+        same weight row: the same for every thread, the rows' offsets from the thread's first being constants (the
+        accumulator fragment's strides; a folded tile's slot ``i`` is ``i`` x the consumer threads rows on, modulo the
+        tile's rows)."""
+        t = self.tactic
+        if cutlass.const_expr(t.fold > 1):
+            offsets = [i * self.consumer_threads % t.weight_rows for i in range(count)]
+        else:
+            coords = tiled_mma.get_slice(tidx).partition_C(cute.make_identity_tensor(t.tile_mnk[:2]))
+            layout, mode = coords.layout, 1 if t.weight_as_b else 0
+            offsets = [cute.crd2idx(cute.idx2crd(r, layout.shape), layout)[mode] for r in range(count)]
+        return tuple(offsets.index(offset) for offset in offsets)
 
     @cute.jit
     def finish(self, value, addends, i):
         """``value`` (an FP32 sum) plus its output's bias, then its residual (slot ``i`` of ``addends``), still in
         FP32: the epilogue rounds once, as it stores."""
         if cutlass.const_expr(addends.bias is not None):
-            value = value + held_until_here(addends.bias[i]).to(cutlass.Float32)
+            value = value + held_until_here(addends.bias[addends.bias_slots[i]]).to(cutlass.Float32)
         if cutlass.const_expr(addends.residual is not None):
             value = value + held_until_here(addends.residual[i]).to(cutlass.Float32)
         return value
