@@ -676,7 +676,7 @@ class SplitKGemm:
     @cute.jit
     def gate(self, gate, up):
         """silu(gate) * up in FP32: gate / (1 + exp(-gate)) * up."""
-        return gate / (cutlass.Float32(1.0) + cute.math.exp(-gate)) * up
+        return gate * cute.arch.rcp_approx(cutlass.Float32(1.0) + cute.math.exp(-gate)) * up
 
     def stages_output(self, out_type) -> bool:
         """Whether the epilogue stages the output tile in shared memory (SplitKGemm.store_staged): unsplit
