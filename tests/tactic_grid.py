@@ -135,6 +135,7 @@ EPILOGUE_PATHS = [
     SplitKTactic(128, 64, 1, 6),
     SplitKTactic(56, 48, 1, 4, k_boxes=2),
     SplitKTactic(16, 8, 1, 4, k_boxes=4, fold=4),
+    SplitKTactic(32, 16, 1, 6, k_boxes=2, fold=2),  # four folded outputs a thread, of one weight row's bias
     SplitKTactic(64, 64, 4, 4),
     SplitKTactic(192, 64, 2, 4),
     SplitKTactic(128, 8, 4, 6, k_boxes=2),
@@ -162,8 +163,9 @@ GATED_PATHS = [
     SplitKTactic(64, 256, 1, 4, column_groups=2),
     SplitKTactic(192, 16, 1, 4),
     # Folded K, summed through shared memory: a whole slot of two groups (what 3072 x 7168's 24-row folded tiles
-    # gate as) and one group in a slot of 16 rows.
+    # gate as at M = 1-8 and 16) and one group in a slot of 16 rows.
     SplitKTactic(32, 8, 1, 11, k_boxes=2, dependents_at_start=True, fold=2),
+    SplitKTactic(32, 16, 1, 9, k_boxes=2, dependents_at_start=True, fold=2),  # two outputs a thread
     SplitKTactic(16, 16, 1, 7, k_boxes=2, fold=4),
     # Split K, its reduction vectors 4 wide: a gate pair and its up pair per vector.
     SplitKTactic(48, 64, 2, 6, k_boxes=2),

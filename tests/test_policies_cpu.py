@@ -233,7 +233,8 @@ def test_candidates_start_with_the_pick_and_are_valid():
 
 
 def test_gated_candidates_can_gate_and_give_16_row_tiles_two_to_an_sm():
-    # The shared expert's gate/up pair, interleaved: 3072 x 7168. Its table's 24-row folded tiles cannot gate.
+    # The shared expert's gate/up pair, interleaved: 3072 x 7168. Its table's 24-row folded tiles cannot gate; the
+    # 32-row ones folded as they are can.
     n, k = 3072, 7168
     for batch in (1, 8, 32, 64):
         found = policies.gated_candidates(n, k, batch, H100)
@@ -248,6 +249,10 @@ def test_gated_candidates_can_gate_and_give_16_row_tiles_two_to_an_sm():
         assert {1, 2} <= {t.k_boxes for t in sharing}
         assert all(policies.waves(t, n, batch, H100, per_sm=2) == 1 for t in sharing)
         assert all(policies.ctas_per_sm(replace(t, stages=t.stages + 1), H100) == 1 for t in sharing)
+        # Folded tiles too, each folded K segment two stages deep or more.
+        folded = [t for t in found if t.fold > 1]
+        assert {(32, 2), (16, 2), (16, 4)} <= {(t.weight_rows, t.fold) for t in folded}
+        assert all(t.k_slice(k, rank=0).stages >= 2 for t in folded)
         # The deepest pipeline of every tile, and its early twin where it may let the next launch in early.
         deepest = [t for t in found if t.stages == max_stages(t.weight_rows, t.activation_rows, 1, t.k_boxes)]
         assert {t.weight_rows for t in deepest} == {rows for rows in range(16, 193, 16)}

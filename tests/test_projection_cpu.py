@@ -480,6 +480,22 @@ def test_which_epilogues_stage_the_output_tile():
     assert not staged(SplitKTactic(64, 64, 1, 4), cutlass.Float32)
 
 
+def test_a_folded_tile_reads_each_weight_rows_bias_once():
+    """A folded tile's output slot i of a thread is i x the consumer threads rows on, modulo the tile's rows
+    (SplitKGemm.folded_output): slots share a bias where those rows agree, whatever the thread."""
+    for tactic in [SplitKTactic(32, 16, 1, 6, k_boxes=2, fold=2), SplitKTactic(24, 16, 1, 4, k_boxes=2, fold=2),
+                   SplitKTactic(16, 8, 1, 4, k_boxes=4, fold=4)]:
+        gemm = SplitKGemm(tactic)
+        count = gemm.folded_slots
+        slots = gemm.bias_slots(None, None, count)
+        for thread in range(gemm.consumer_threads):
+            rows = [(thread + i * gemm.consumer_threads) % tactic.weight_rows for i in range(count)]
+            assert [rows[slot] for slot in slots] == rows, tactic  # each slot's representative holds its row
+            assert all(slots[slots[i]] == slots[i] <= i for i in range(count))  # the first of its row
+    assert SplitKGemm(SplitKTactic(32, 16, 1, 6, k_boxes=2, fold=2)).bias_slots(None, None, 4) == (0, 0, 0, 0)
+    assert SplitKGemm(SplitKTactic(24, 16, 1, 4, k_boxes=2, fold=2)).bias_slots(None, None, 3) == (0, 1, 2)
+
+
 def test_activation_tiles_store_every_batch_row_once_without_reading_past_the_batch():
     """Every batch row is stored by exactly one activation tile: the last tile is moved back to end at row M where
     the batch covers a tile, so no box reaches past the batch then (groups rounded up to whole clusters included)."""
@@ -787,10 +803,11 @@ def test_the_nearest_gated_tactic_keeps_what_it_can():
     assert gated_tactic(SplitKTactic(64, 8, 1, 6, k_boxes=4), 3072, 8) == SplitKTactic(64, 8, 1, 6, k_boxes=4)
     # Split K gates where its reduction vectors are 4 wide.
     assert gated_tactic(SplitKTactic(128, 64, 4, 4, k_boxes=2), 3072, 64) == SplitKTactic(128, 64, 4, 4, k_boxes=2)
-    # A folded tile rounded up to whole groups stays folded where it fits the fold's slot, else unfolds.
+    # A streaming folded tile rounded up to whole groups stays folded (its slot holds them); a compute-bound one
+    # unfolds, to split K where that fills a wave.
     for tactic, fold in [(SplitKTactic(24, 8, 1, 11, k_boxes=2, fold=2), 2), (SplitKTactic(64, 8, 2, 6, k_boxes=2), 1),
                          (SplitKTactic(56, 16, 1, 6), 1), (SplitKTactic(8, 8, 1, 4, k_boxes=4, fold=4), 4),
-                         (SplitKTactic(24, 8, 1, 4, k_boxes=4, fold=2), 2)]:
+                         (SplitKTactic(24, 8, 1, 4, k_boxes=4, fold=2), 2), (SplitKTactic(24, 128, 1, 4, fold=2), 1)]:
         nearest = gated_tactic(tactic, 3072, tactic.activation_rows)
         assert not gated_problems(nearest) and nearest.valid and nearest.split == 1 and nearest.fold == fold
         assert nearest.activation_rows == tactic.activation_rows and nearest.weight_rows % 16 == 0
@@ -857,7 +874,8 @@ def test_gated_candidates_compile_with_their_exponentials(rows):
     from decode_projection.policy.policies import ctas_per_sm, gated_candidates
     from decode_projection.runtime.gpu import H100
 
-    # The shared expert's pair on the H100: 16-row tiles two to an SM, the 32-row tiles gated_tactic maps to.
+    # The shared expert's pair on the H100: 16-row tiles two to an SM, and unfolded 32-row tiles (the folded ones
+    # gated_tactic maps to compile in test_every_gated_tactic_compiles_with_its_exponentials).
     found = gated_candidates(3072, 7168, 8, H100)
     tactic = next(t for t in found if t.weight_rows == rows and ctas_per_sm(t, H100) == (2 if rows == 16 else 1))
     report = kernel_report(compile_projection(tactic, torch.bfloat16, "sm_90a", epilogue=Epilogue(gated=True)))

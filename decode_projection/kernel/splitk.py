@@ -606,6 +606,9 @@ class SplitKGemm:
         the CTA stores are read: a residual that is ``out`` is then read by its writer alone."""
         # Converted only in ``finish`` (held_until_here): waited for before the loop, the loads queue behind the
         # weight stages in flight and hold up the first wgmma (1.6 us at 7168x4224 M=1 after glue, H100).
+        if cutlass.const_expr(self.gated):
+            # Its outputs are not its accumulators' (thread_outputs); PreparedProjection refuses the pairing too.
+            raise ValueError("a gated projection writes silu(gate) * up: it takes no bias or residual")
         outputs = self.thread_outputs(tiled_mma, tidx, work, out)
         bias_values = residual_values = None
         bias_slots = ()
@@ -675,7 +678,9 @@ class SplitKGemm:
 
     @cute.jit
     def gate(self, gate, up):
-        """silu(gate) * up in FP32: gate / (1 + exp(-gate)) * up."""
+        """silu(gate) * up in FP32: gate * rcp(1 + exp(-gate)) * up, the reciprocal approximate (rcp.approx), whose
+        error is far under the output's one rounding: an IEEE division cost the dense pair's gated tiles 0.2-0.7 us
+        on the H100, up to 2.9 where large gate sums took its slow path (docs/epilogues.md)."""
         return gate * cute.arch.rcp_approx(cutlass.Float32(1.0) + cute.math.exp(-gate)) * up
 
     def stages_output(self, out_type) -> bool:
@@ -757,7 +762,7 @@ class SplitKGemm:
         """Sum each output's K-segment partials in segment order through shared memory, and store them (EVICT_LAST)."""
         # Folded, A row ``segment * slot_rows + n`` times B row ``segment * activation_rows + m`` is segment
         # ``segment``'s partial of output (n, m); the products across segments are discarded. The partials are staged as
-        # (n, m, segment), so the threads that sum them read, and store, consecutive weight rows.
+        # (n, m, segment), so the threads that sum them read, and store, consecutive output rows.
         t = self.tactic
         tidx, _, _ = cute.arch.thread_idx()
         base = cute.recast_ptr(storage.weight_tiles.data_ptr(), dtype=cutlass.Float32)
@@ -779,7 +784,8 @@ class SplitKGemm:
                 if cutlass.const_expr(self.gated):
                     # Output n is gate row n of the tile's 8-row gate halves; its up row is eight below.
                     gate_row = n // 8 * GATE_GROUP_ROWS + n % 8
-                    total = self.gate(self.segment_sum(partials, gate_row, m), self.segment_sum(partials, gate_row + 8, m))
+                    gate, up = self.segment_sum(partials, gate_row, m), self.segment_sum(partials, gate_row + 8, m)
+                    total = self.gate(gate, up)
                 else:
                     total = self.segment_sum(partials, n, m)
                 if cutlass.const_expr(addends is not None):

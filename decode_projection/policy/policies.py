@@ -528,18 +528,18 @@ def resolve_policies(n, k, batches, *, gpu: GpuSpec, weight_dtype, output_dtype,
 
 def gated_tactic(tactic: SplitKTactic, n: int, batch: int, gpu: GpuSpec = H200) -> SplitKTactic:
     """``tactic`` where it can run a gated projection of an interleaved weight of ``n`` rows at ``batch``
-    (kernel.tactic.gated_problems), else the nearest that can: the weight as A, unfolded, its tile rounded up to
-    whole 16-row gate groups, its activation tile and K boxes kept where they fit, as many stages as fit, and letting
-    the next launch in as it starts where ``tactic`` did and the nearest may (``may_start_dependents_early``).
+    (kernel.tactic.gated_problems), else the nearest that can: the weight as A, its tile rounded up to whole 16-row
+    gate groups (a streaming folded tile keeps its fold: its slot of 32 or 16 rows holds the rounded tile), its
+    activation tile and K boxes kept where they fit, as many stages as fit, and letting the next launch in as it
+    starts where ``tactic`` did and the nearest may (``may_start_dependents_early``).
     A weight-as-B tactic that cannot gate becomes 64-row tiles over one activation tile as tall as the tiles that
-    shared each of its weight loads, so the weight is still read once; a compute-bound nearest splits K as far as
-    its grid still fits one wave, the tensor cores of every SM then working on the batch."""
+    shared each of its weight loads, so the weight is still read once; a compute-bound nearest is unfolded and
+    splits K as far as its grid still fits one wave, the tensor cores of every SM then working on the batch."""
     # The early start is worth keeping: on the H100, 3072 x 7168's 32-row gated tiles at M = 1 and 8 took 15.0-15.3
     # us back to back with it and 16.2-16.3 without, the same after glue (docs/epilogues.md). Streaming tiles are
     # not split to fill the SMs: 1536 x 7168's gated 48-row tiles at M = 1 took 16.2 us split in two, 15.6 unsplit.
     if not gated_problems(tactic):
         return tactic
-    fold = 1
     if tactic.weight_as_b:
         rows = WGMMA_ROWS
         shared = tactic.activation_rows * tactic.weight_sharers
@@ -547,9 +547,8 @@ def gated_tactic(tactic: SplitKTactic, n: int, batch: int, gpu: GpuSpec = H200) 
     else:
         rows = min(math.ceil(tactic.weight_rows / GATE_GROUP_ROWS) * GATE_GROUP_ROWS, WEIGHT_ROWS[-1])
         acts = tactic.activation_rows
-        if rows <= WGMMA_ROWS // tactic.fold:
-            fold = tactic.fold  # a folded tile rounded up to whole groups that still fit its slot stays folded
     splits = HEURISTIC_SPLITS[::-1] if acts >= COMPUTE_BOUND_ROWS else (1,)
+    fold = tactic.fold if splits == (1,) else 1
     for split in splits:
         for boxes in dict.fromkeys((tactic.k_boxes, 1)):
             nearest = SplitKTactic(rows, acts, split, max_stages(rows, acts, split, boxes, fold=fold), k_boxes=boxes,
@@ -580,9 +579,9 @@ def gated_candidates(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> list[Sp
                 stages = stages_sharing_an_sm(rows, acts, 1, boxes, per_sm=per_sm, gpu=gpu, fold=fold)
                 tactic = SplitKTactic(rows, acts, 1, stages, k_boxes=boxes, fold=fold)
                 # Two stages leave one in flight (2 of 4 boxes ran 3x slower: tuning.candidates.folded_tactics), and
-                # stages wider than half of K no pipeline (one-box stages are K's narrowest).
+                # stages wider than half of K (of each folded segment) no pipeline (one-box stages are K's narrowest).
                 if (tactic.valid and not gated_problems(tactic) and tactic.stages >= MIN_STAGES
-                        and (boxes == 1 or tactic.k_tiles(k) >= 2)):
+                        and (boxes == 1 and fold == 1 or tactic.k_slice(k, rank=0).stages >= 2)):
                     found.append(tactic)
     found += [replace(t, dependents_at_start=True) for t in found if may_start_dependents_early(t, gpu)]
     unique = set(found)  # where room for one CTA already leaves room for two, both depths are one tactic
