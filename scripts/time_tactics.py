@@ -94,8 +94,7 @@ def time_cell(n, k, batch, tactics, one_output=False, without_programmatic_launc
     rows = interleaved_rows(n) if gated else n
     copies = cold_copies(rows * k * 2)
     if gated:
-        # Scaled as the epilogue benchmark's (gate sums of a few units, as a model's): a gated epilogue's time may
-        # depend on its values (an IEEE division's slow path ran on unscaled ones, docs/epilogues.md).
+        # Scaled by K^-1/4 as the epilogue benchmark's, so the gate sums are of a few units, as a model's.
         pairs = [[(torch.randn(n, k, device="cuda") / k**0.25).to(torch.bfloat16) for _ in range(2)]
                  for _ in range(copies)]
         weights = [interleave_gate_up(*pair) for pair in pairs]

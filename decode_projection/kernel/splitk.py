@@ -637,7 +637,7 @@ class SplitKGemm:
         tile's rows)."""
         t = self.tactic
         if cutlass.const_expr(t.fold > 1):
-            offsets = [i * self.consumer_threads % t.weight_rows for i in range(count)]
+            offsets = [i * self.consumer_threads % self.folded_rows for i in range(count)]  # as folded_output
         else:
             coords = tiled_mma.get_slice(tidx).partition_C(cute.make_identity_tensor(t.tile_mnk[:2]))
             layout, mode = coords.layout, 1 if t.weight_as_b else 0
@@ -678,9 +678,9 @@ class SplitKGemm:
 
     @cute.jit
     def gate(self, gate, up):
-        """silu(gate) * up in FP32: gate * rcp(1 + exp(-gate)) * up, the reciprocal approximate (rcp.approx), whose
-        error is far under the output's one rounding: an IEEE division cost the dense pair's gated tiles 0.2-0.7 us
-        on the H100, up to 2.9 where large gate sums took its slow path (docs/epilogues.md)."""
+        """silu(gate) * up in FP32: gate * rcp(1 + exp(-gate)) * up. The reciprocal is approximate (rcp.approx), its
+        error far under the output's one rounding: an IEEE division checks every quotient and calls a slow path on
+        large or tiny operands, 0.2-2.9 us of a gated tile on the H100 (docs/epilogues.md)."""
         return gate * cute.arch.rcp_approx(cutlass.Float32(1.0) + cute.math.exp(-gate)) * up
 
     def stages_output(self, out_type) -> bool:

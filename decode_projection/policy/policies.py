@@ -537,7 +537,8 @@ def gated_tactic(tactic: SplitKTactic, n: int, batch: int, gpu: GpuSpec = H200) 
     splits K as far as its grid still fits one wave, the tensor cores of every SM then working on the batch."""
     # The early start is worth keeping: on the H100, 3072 x 7168's 32-row gated tiles at M = 1 and 8 took 15.0-15.3
     # us back to back with it and 16.2-16.3 without, the same after glue (docs/epilogues.md). Streaming tiles are
-    # not split to fill the SMs: 1536 x 7168's gated 48-row tiles at M = 1 took 16.2 us split in two, 15.6 unsplit.
+    # not split to fill the SMs: 1536 x 7168's gated 48-row tiles at M = 1 took 16.2 us split in two, 15.6 unsplit
+    # (on values that sent a division's slow path through both; to be timed again, docs/epilogues.md).
     if not gated_problems(tactic):
         return tactic
     if tactic.weight_as_b:
@@ -548,7 +549,7 @@ def gated_tactic(tactic: SplitKTactic, n: int, batch: int, gpu: GpuSpec = H200) 
         rows = min(math.ceil(tactic.weight_rows / GATE_GROUP_ROWS) * GATE_GROUP_ROWS, WEIGHT_ROWS[-1])
         acts = tactic.activation_rows
     splits = HEURISTIC_SPLITS[::-1] if acts >= COMPUTE_BOUND_ROWS else (1,)
-    fold = tactic.fold if splits == (1,) else 1
+    fold = tactic.fold if splits == (1,) else 1  # a fold takes no split
     for split in splits:
         for boxes in dict.fromkeys((tactic.k_boxes, 1)):
             nearest = SplitKTactic(rows, acts, split, max_stages(rows, acts, split, boxes, fold=fold), k_boxes=boxes,
@@ -563,10 +564,10 @@ def gated_tactic(tactic: SplitKTactic, n: int, batch: int, gpu: GpuSpec = H200) 
 def gated_candidates(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> list[SplitKTactic]:
     """Every tactic worth timing for a gated projection of an interleaved weight of ``n`` rows (twice the gate rows)
     at ``batch``, by predicted time: tiles of each whole number of 16-row gate groups (kernel.tactic.gated_problems)
-    over the covering activation tile, unfolded and folded where they fit a fold's slot, in 1-, 2- and 4-box
-    stages, as deep as fit and, where the grid has more CTAs
-    than ``gpu`` has SMs, as deep as let two CTAs share an SM (3072 rows in 16-row tiles: 192 CTAs in one wave on
-    132 SMs); those alone on an SM also letting the next launch in as they start (``may_start_dependents_early``)."""
+    over the covering activation tile, unfolded and folded where they fit a fold's slot, in 1-, 2- and 4-box stages,
+    as deep as fit and, where the grid has more CTAs than ``gpu`` has SMs, as deep as let two CTAs share an SM (3072
+    rows in 16-row tiles: 192 CTAs in one wave on 132 SMs); those alone on an SM also letting the next launch in as
+    they start (``may_start_dependents_early``)."""
     # gated_tactic maps the table's pick to the nearest tile that can gate, which may leave SMs idle: 3072 x 7168's
     # 24-row folded tiles (128 CTAs) become 32-row folded tiles (96 CTAs). These are for timing to choose among.
     acts = activation_rows_for(batch)
