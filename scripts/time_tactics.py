@@ -21,6 +21,9 @@ checked against float64 ``silu(x @ gate^T) * (x @ up^T)``, timed next to the
 plain projection of the 2N x K weight (its table's or the heuristic's tactic)
 and torch.matmul on it; the word ``candidates`` in place of the tactics times
 the first GATED_CANDIDATES of ``policies.gated_candidates`` for this GPU.
+``--residual`` runs every tactic adding a residual of the output's shape (a tensor
+of its own, as the epilogue benchmark's), checked against float64, timed next to
+the plain projection of its table's or the heuristic's tactic with and without it.
 Needs a Hopper GPU.
 
     python scripts/time_tactics.py 6288x7168:64:128,64,1,9,1,4/64,64,1,13 7168x1536:48:64,64,1,7
@@ -28,6 +31,7 @@ Needs a Hopper GPU.
     python scripts/time_tactics.py --one-output --no-programmatic-launch 1536x128:64:64,64,1,4
     python scripts/time_tactics.py --compare-package decode_projection_changed 2112x7168:64:64,64,3,7
     python scripts/time_tactics.py --gated 1536x7168:1:candidates 1536x7168:64:candidates
+    python scripts/time_tactics.py --residual 7168x768:64:128,64,1,9,1/64,64,1,3,4
 """
 
 import argparse
@@ -83,13 +87,15 @@ def compile_jobs(cells, arch, launch_kinds, own_tactic, epilogue=None):
             for *_, tactics in cells for t in tactics for programmatic in launch_kinds]
 
 
-def time_cell(n, k, batch, tactics, one_output=False, without_programmatic_launch=False, compared=None, gated=False):
+def time_cell(n, k, batch, tactics, one_output=False, without_programmatic_launch=False, compared=None, gated=False,
+              residual=False):
     """{label: (back to back us, after glue us)} for torch.matmul and each tactic; with ``one_output``
     each of them again writing ``outs[0]`` only, with ``without_programmatic_launch`` each tactic
     again prepared with ``programmatic_launch=False``, with ``compared`` (a copy of the package) each
     tactic again as that copy compiles it; with ``gated`` each tactic as a gated projection of a gate/up
     pair of ``n`` rows each, next to the plain projection of their interleaved weight (as ``for_weight``
-    prepares it), torch.matmul multiplying by that weight."""
+    prepares it), torch.matmul multiplying by that weight; with ``residual`` each tactic adding a residual, next to
+    the plain projection as ``for_weight`` prepares it, with and without the residual."""
     x = torch.randn(batch, k, device="cuda").to(torch.bfloat16)
     rows = interleaved_rows(n) if gated else n
     copies = cold_copies(rows * k * 2)
@@ -102,6 +108,9 @@ def time_cell(n, k, batch, tactics, one_output=False, without_programmatic_launc
     else:
         weights = [torch.randn(n, k, device="cuda").to(torch.bfloat16) for _ in range(copies)]
         reference = Reference(x, weights[0], torch.bfloat16)
+    addend = torch.randn(batch, n, device="cuda").to(torch.bfloat16) if residual else None
+    if residual:
+        reference = Reference(x, weights[0], torch.bfloat16, addend)
     outs = [torch.empty(batch, rows, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
     tactic_outs = [torch.empty(batch, n, device="cuda", dtype=torch.bfloat16) for _ in range(copies)] if gated else outs
     # label: (launch(i, out), the outputs it writes, one per weight copy)
@@ -110,6 +119,8 @@ def time_cell(n, k, batch, tactics, one_output=False, without_programmatic_launc
     if compared is not None:
         packages.append((compared.PreparedProjection, compared.tactic.as_tactic, f" [{compared.__name__}]"))
     gated_rows = {"gated_rows": n} if gated else {}
+    with_residual = {"residual": True} if residual else {}
+    run_args = {"residual": addend} if residual else {}
     for programmatic in (True, False) if without_programmatic_launch else (True,):
         if gated:
             plain = [PreparedProjection.for_weight(w, (batch,), programmatic_launch=programmatic) for w in weights]
@@ -118,14 +129,26 @@ def time_cell(n, k, batch, tactics, one_output=False, without_programmatic_launc
             outs[0].fill_(float("nan"))
             Reference(x, weights[0], torch.bfloat16).check(plain[0].run(x, outs[0]), f"{rows}x{k} M={batch} {label}")
             runs[label] = (lambda i, out, plain=plain: plain[i].run(x, out), outs)
+        if residual:
+            plain = [PreparedProjection.for_weight(w, (batch,), programmatic_launch=programmatic) for w in weights]
+            fused = [PreparedProjection.for_weight(w, (batch,), programmatic_launch=programmatic, residual=True)
+                     for w in weights]
+            label = f"plain {plain[0].policies[batch].label} {plain[0].policy_sources[batch]}" + (
+                "" if programmatic else " no PDL")
+            outs[0].fill_(float("nan"))
+            reference.check(fused[0].run(x, outs[0], residual=addend), f"{n}x{k} M={batch} residual {label}")
+            runs[label] = (lambda i, out, plain=plain: plain[i].run(x, out), outs)
+            runs["residual " + label] = (lambda i, out, fused=fused: fused[i].run(x, out, residual=addend), outs)
         for (prepared, own_tactic, suffix), tactic in [(package, t) for t in tactics for package in packages]:
-            label = ("gated " if gated else "") + tactic.label + ("" if programmatic else " no PDL") + suffix
+            kind = "gated " if gated else "residual " if residual else ""
+            label = kind + tactic.label + ("" if programmatic else " no PDL") + suffix
             projections = [prepared(w, {batch: own_tactic(astuple(tactic))}, programmatic_launch=programmatic,
-                                    **gated_rows).prepare()
+                                    **gated_rows, **with_residual).prepare()
                            for w in weights]
             tactic_outs[0].fill_(float("nan"))
-            reference.check(projections[0].run(x, tactic_outs[0]), label=f"{n}x{k} M={batch} {label}")
-            runs[label] = (lambda i, out, projections=projections: projections[i].run(x, out), tactic_outs)
+            reference.check(projections[0].run(x, tactic_outs[0], **run_args), label=f"{n}x{k} M={batch} {label}")
+            runs[label] = (lambda i, out, projections=projections: projections[i].run(x, out, **run_args),
+                           tactic_outs)
     launches = {label: lambda i, run=run, into=into: run(i, into[i]) for label, (run, into) in runs.items()}
     if one_output:
         launches.update({f"{label} one out": lambda i, run=run, into=into: run(i, into[0])
@@ -146,7 +169,11 @@ def main():
                         help="also time every tactic launched without programmatic dependent launch")
     parser.add_argument("--gated", action="store_true",
                         help="each cell is a gate/up pair of N rows each: its tactics run as gated projections")
+    parser.add_argument("--residual", action="store_true",
+                        help="every tactic adds a residual, timed next to the plain projection with and without it")
     args = parser.parse_args()
+    if args.gated and args.residual:
+        parser.error("--gated takes no residual: a gated projection writes silu(gate) * up")
     if not args.gated and any(tactics is None for *_, tactics in args.cells):
         parser.error(f"'{CANDIDATES}' in place of the tactics takes --gated")
     arch = architecture(torch.device("cuda"))
@@ -155,14 +182,17 @@ def main():
     # The copy's modules by their flat names (compared.tactic, compared.warmup): they hold in a copy from before the
     # folders and, through decode_projection.MOVED, in one after them.
     compared = importlib.import_module(args.compare_package) if args.compare_package else None
-    compile_all(compile_jobs(cells, arch, launch_kinds, as_tactic, Epilogue(gated=True) if args.gated else None))
+    epilogue = Epilogue(gated=True) if args.gated else Epilogue(residual=True) if args.residual else None
+    compile_all(compile_jobs(cells, arch, launch_kinds, as_tactic, epilogue))
     if compared is not None:
-        theirs = importlib.import_module(f"{compared.__name__}.projection").Epilogue(gated=True) if args.gated else None
+        theirs = None if epilogue is None else importlib.import_module(f"{compared.__name__}.projection").Epilogue(
+            *epilogue)
         importlib.import_module(f"{compared.__name__}.warmup").compile_all(
             compile_jobs(cells, arch, launch_kinds, compared.tactic.as_tactic, theirs))
     print(f"{'cell':<18} {'launch':<50} {'back to back us':>16} {'after glue us':>14} {'mean':>7}")
     for n, k, batch, tactics in cells:
-        timed = time_cell(n, k, batch, tactics, args.one_output, args.no_programmatic_launch, compared, args.gated)
+        timed = time_cell(n, k, batch, tactics, args.one_output, args.no_programmatic_launch, compared, args.gated,
+                          args.residual)
         for label, (chained, alone) in timed.items():
             print(f"{f'{n}x{k} M={batch}':<18} {label:<50} {chained:16.2f} {alone:14.2f} {(chained + alone) / 2:7.2f}")
         print(flush=True)

@@ -365,6 +365,12 @@ def test_time_tactics_times_gated_candidates_of_the_interleaved_weight(monkeypat
     with pytest.raises(SystemExit) as refused:  # before it looks for a GPU
         probe.main()
     assert refused.value.code == 2 and "'candidates' in place of the tactics takes --gated" in capsys.readouterr().err
+    monkeypatch.setattr("sys.argv", ["time_tactics.py", "--gated", "--residual", "1536x7168:1:32,8,1,12,2"])
+    with pytest.raises(SystemExit) as refused:
+        probe.main()
+    assert refused.value.code == 2 and "--gated takes no residual" in capsys.readouterr().err
+    residual_jobs = probe.compile_jobs(resolved[2:], "sm_90a", (True,), as_tactic, Epilogue(residual=True))
+    assert residual_jobs[0][-1] == Epilogue(residual=True)
 
 
 def test_compile_candidates_covers_the_incumbents_and_checks_the_sass():
