@@ -804,20 +804,35 @@ def test_the_nearest_gated_tactic_keeps_what_it_can():
     # Split K gates where its reduction vectors are 4 wide.
     assert gated_tactic(SplitKTactic(128, 64, 4, 4, k_boxes=2), 3072, 64) == SplitKTactic(128, 64, 4, 4, k_boxes=2)
     # A streaming folded tile rounded up to whole groups stays folded (its slot holds them); a compute-bound one
-    # unfolds, to split K where that fills a wave.
+    # unfolds, to split K where that fills a wave. (8448 rows: twice an odd tile's rows split in two run past a wave.)
     for tactic, fold in [(SplitKTactic(24, 8, 1, 11, k_boxes=2, fold=2), 2), (SplitKTactic(64, 8, 2, 6, k_boxes=2), 1),
                          (SplitKTactic(56, 16, 1, 6), 1), (SplitKTactic(8, 8, 1, 4, k_boxes=4, fold=4), 4),
                          (SplitKTactic(24, 8, 1, 4, k_boxes=4, fold=2), 2), (SplitKTactic(24, 128, 1, 4, fold=2), 1)]:
-        nearest = gated_tactic(tactic, 3072, tactic.activation_rows)
+        nearest = gated_tactic(tactic, 8448, tactic.activation_rows)
         assert not gated_problems(nearest) and nearest.valid and nearest.split == 1 and nearest.fold == fold
         assert nearest.activation_rows == tactic.activation_rows and nearest.weight_rows % 16 == 0
         assert nearest.stages == max_stages(nearest.weight_rows, nearest.activation_rows, 1, nearest.k_boxes,
                                             fold=fold)
     # An early start survives where the nearest tile may start early, on either card.
     for gpu in (H100, H200):
-        early = gated_tactic(SplitKTactic(24, 8, 1, 11, k_boxes=2, dependents_at_start=True, fold=2), 3072, 8, gpu)
+        early = gated_tactic(SplitKTactic(24, 8, 1, 11, k_boxes=2, dependents_at_start=True, fold=2), 8448, 8, gpu)
         assert early == SplitKTactic(32, 8, 1, 11, k_boxes=2, dependents_at_start=True, fold=2)
         assert not gated_tactic(SplitKTactic(48, 64, 2, 6, k_boxes=2), 3072, 64, gpu).dependents_at_start
+
+
+def test_a_streaming_tile_of_odd_halves_gates_as_twice_its_rows_split_in_two():
+    from decode_projection.kernel.tactic import gated_problems
+    from decode_projection.policy.policies import gated_tactic
+    from decode_projection.runtime.gpu import H100, H200
+
+    # 3072 x 7168's 24-row folded tiles (the shared expert's pair): rounded up to 32 rows they would leave 96 CTAs of
+    # 128; twice their rows split in two keep 128, each streaming as many bytes, over 16 activation rows.
+    for gpu in (H100, H200):
+        for batch, plain in [(1, SplitKTactic(24, 8, 1, 11, k_boxes=2, dependents_at_start=True, fold=2)),
+                             (16, SplitKTactic(24, 16, 1, 9, k_boxes=2, dependents_at_start=True, fold=2))]:
+            nearest = gated_tactic(plain, 3072, batch, gpu)
+            assert nearest == SplitKTactic(48, 16, 2, max_stages(48, 16, 2, 2), k_boxes=2) and nearest.stages >= 3
+            assert nearest.grid_columns(3072) == plain.grid_columns(3072) == 128 and not gated_problems(nearest)
 
 
 @pytest.mark.parametrize("tactic", [

@@ -526,38 +526,51 @@ def resolve_policies(n, k, batches, *, gpu: GpuSpec, weight_dtype, output_dtype,
     return {**guessed, **tuned}, {b: "table" if b in tuned else "heuristic" for b in batches}
 
 
+# A gated tile split in two reduces vectors of 4 accumulators (a gate pair and its up pair: gated_problems) only
+# from 16 activation rows on; rows past the batch are zero-filled by TMA, not read.
+GATED_SPLIT_ACTIVATION_ROWS = 16
+
+
 def gated_tactic(tactic: SplitKTactic, n: int, batch: int, gpu: GpuSpec = H200) -> SplitKTactic:
     """``tactic`` where it can run a gated projection of an interleaved weight of ``n`` rows at ``batch``
     (kernel.tactic.gated_problems), else the nearest that can: the weight as A, its tile rounded up to whole 16-row
     gate groups (a streaming folded tile keeps its fold: its slot of 32 or 16 rows holds the rounded tile), its
     activation tile and K boxes kept where they fit, as many stages as fit, and letting the next launch in as it
-    starts where ``tactic`` did and the nearest may (``may_start_dependents_early``).
+    starts where ``tactic`` did and the nearest may (``may_start_dependents_early``). A streaming tile of an odd
+    number of 8-row halves first tries twice its rows with K split in two (over at least 16 activation rows, so
+    that each reduction vector holds a gate pair and its up pair): as many CTAs as ``tactic``, each streaming as
+    many bytes, where rounding up would leave SMs idle.
     A weight-as-B tactic that cannot gate becomes 64-row tiles over one activation tile as tall as the tiles that
     shared each of its weight loads, so the weight is still read once; a compute-bound nearest is unfolded and
     splits K as far as its grid still fits one wave, the tensor cores of every SM then working on the batch."""
     # The early start is worth keeping: on the H100, 3072 x 7168's 32-row gated tiles at M = 1 and 8 took 15.0-15.3
-    # us back to back with it and 16.2-16.3 without, the same after glue (docs/epilogues.md). Streaming tiles are
-    # not split to fill the SMs: 1536 x 7168's gated 48-row tiles at M = 1 took 16.2 us split in two, 15.6 unsplit
-    # (on values that sent a division's slow path through both; to be timed again, docs/epilogues.md).
+    # us back to back with it and 16.2-16.3 without, the same after glue. Its 24-row tiles (128 CTAs) rounded up to
+    # 32 rows (96) ran 0.6-0.9 us over the plain projection after glue at M = 1-16; as 48-row tiles split in two,
+    # within 0.15 us of it after glue (M = 16: faster), and 0.2-0.8 us slower back to back (docs/epilogues.md).
     if not gated_problems(tactic):
         return tactic
+    forms = []  # (rows, activation rows, splits, fold) to try in turn
     if tactic.weight_as_b:
-        rows = WGMMA_ROWS
         shared = tactic.activation_rows * tactic.weight_sharers
         acts = next((a for a in ACTIVATION_ROWS if a >= shared), ACTIVATION_ROWS[-1])
+        rows = WGMMA_ROWS
     else:
-        rows = min(math.ceil(tactic.weight_rows / GATE_GROUP_ROWS) * GATE_GROUP_ROWS, WEIGHT_ROWS[-1])
         acts = tactic.activation_rows
+        rows = min(math.ceil(tactic.weight_rows / GATE_GROUP_ROWS) * GATE_GROUP_ROWS, WEIGHT_ROWS[-1])
+        if acts < COMPUTE_BOUND_ROWS and tactic.weight_rows % GATE_GROUP_ROWS == GATE_GROUP_ROWS // 2:
+            forms.append((2 * tactic.weight_rows, max(acts, GATED_SPLIT_ACTIVATION_ROWS), (2,), 1))
     splits = HEURISTIC_SPLITS[::-1] if acts >= COMPUTE_BOUND_ROWS else (1,)
-    fold = tactic.fold if splits == (1,) else 1  # a fold takes no split
-    for split in splits:
-        for boxes in dict.fromkeys((tactic.k_boxes, 1)):
-            nearest = SplitKTactic(rows, acts, split, max_stages(rows, acts, split, boxes, fold=fold), k_boxes=boxes,
-                                   fold=fold)
-            # Two stages leave one in flight: a split tile must keep the pipeline as deep as the heuristic's.
-            if nearest.valid and not gated_problems(nearest) and (
-                    split == 1 or (nearest.stages >= MIN_STAGES and waves(nearest, n, batch, gpu) == 1)):
-                return as_tactic(starting_dependents_early(nearest, gpu) if tactic.dependents_at_start else nearest)
+    forms.append((rows, acts, splits, tactic.fold if splits == (1,) else 1))  # a fold takes no split
+    for rows, acts, splits, fold in forms:
+        for split in splits:
+            for boxes in dict.fromkeys((tactic.k_boxes, 1)):
+                nearest = SplitKTactic(rows, acts, split, max_stages(rows, acts, split, boxes, fold=fold),
+                                       k_boxes=boxes, fold=fold)
+                # Two stages leave one in flight: a split tile must keep the pipeline as deep as the heuristic's.
+                if nearest.valid and not gated_problems(nearest) and (
+                        split == 1 or (nearest.stages >= MIN_STAGES and waves(nearest, n, batch, gpu) == 1)):
+                    return as_tactic(starting_dependents_early(nearest, gpu) if tactic.dependents_at_start
+                                     else nearest)
     raise ValueError(f"no gated tactic near {tactic}")
 
 
