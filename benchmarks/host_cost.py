@@ -1,5 +1,5 @@
 """Host time of one eager call: ``PreparedProjection.run`` next to ``F.linear``, and the glue ops (``rms_norm``,
-``silu_and_mul``) next to the PyTorch ops they replace, per call, in microseconds.
+``fused_add_rms_norm``, ``silu_and_mul``) next to the PyTorch ops they replace, per call, in microseconds.
 
 A decode loop that is not captured in a CUDA graph pays each call's host time: argument checks, the policy
 lookup and the launch, which here includes encoding the weight's TMA map (it is passed by value). To time the host
@@ -19,7 +19,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from decode_projection import rms_norm, silu_and_mul
+from decode_projection import fused_add_rms_norm, rms_norm, silu_and_mul
 from decode_projection.projection import PreparedProjection
 
 SLEEP_CYCLES = 200_000_000  # about 0.1 s of GPU clock: longer than any timed loop of --calls calls
@@ -92,12 +92,16 @@ def glue_calls(rows: int, width: int):
     """``[(label, our op, the PyTorch op it replaces)]`` on fresh ``rows`` x ``width`` BF16 operands, each of ours
     checked against its PyTorch op first; ours write into a given output, as a decode loop calls them."""
     x = torch.randn(rows, width, device="cuda", dtype=torch.bfloat16)
+    residual = torch.randn_like(x)
     weight = torch.randn(width, device="cuda", dtype=torch.bfloat16)
-    normed = torch.empty_like(x)
+    normed, summed = torch.empty_like(x), torch.empty_like(x)
     gate_up = torch.randn(rows, 2 * width, device="cuda", dtype=torch.bfloat16)
     activated = torch.empty(rows, width, device="cuda", dtype=torch.bfloat16)
     calls = [
         ("rms_norm", lambda: rms_norm(x, weight, out=normed), lambda: F.rms_norm(x, (width,), weight, 1e-6)),
+        # Two PyTorch ops (the add, then the norm) against one kernel; the output compared is the norm.
+        ("fused_add_rms_norm", lambda: fused_add_rms_norm(x, residual, weight, out=normed, residual_out=summed)[0],
+         lambda: F.rms_norm(x + residual, (width,), weight, 1e-6)),
         ("silu_and_mul", lambda: silu_and_mul(gate_up, out=activated),
          lambda: F.silu(gate_up[:, :width]) * gate_up[:, width:]),
     ]

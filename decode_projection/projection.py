@@ -17,7 +17,7 @@ import cutlass
 import cutlass.cute as cute
 import torch
 from cuda.bindings import driver
-from cutlass.cute.runtime import make_fake_stream, make_fake_tensor, make_ptr
+from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 from torch.autograd.graph import increment_version
 
 from .kernel.launch import EXTENT_TYPES, VALUE_KINDS, LaunchValues, SplitKLaunch, tma_pitch_multiple
@@ -25,7 +25,9 @@ from .kernel.splitk import SplitKGemm
 from .kernel.tactic import GATE_GROUP_ROWS, as_tactic, gated_problems
 from .policy.policies import gated_tactic, resolve_policies
 from .policy.tables import dtype_name
-from .runtime import architecture, capturing, compile_lock, current_stream_handle, describe, overlaps, to_cute
+from .runtime import (
+    architecture, capturing, compile_lock, current_stream_handle, describe, overlaps, pointer, row_pitch, to_cute,
+)
 from .runtime.call_slots import CallSlots
 from .runtime.disk_cache import cached_compile
 from .runtime.gpu import gpu_spec
@@ -110,11 +112,6 @@ def dsl_pointers(values: LaunchValues, operand, output) -> LaunchValues:
                            residual=None if values.residual is None else pointer(output, values.residual))
 
 
-def pointer(dtype, address: int, align: int | None = None):
-    """A global-memory pointer of CuTe type ``dtype``, promising ``align`` bytes (default: the element's)."""
-    return make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=align or dtype.width // 8)
-
-
 def compile_kernel(tactic, output_dtype, weight_dtype=torch.bfloat16, programmatic_launch=True,
                    epilogue=NO_EPILOGUE, options="--gpu-arch=sm_90a"):
     """``cute.compile`` of one projection kernel, uncached: what ``compile_projection`` caches."""
@@ -161,13 +158,6 @@ def matrix_view(tensor, *, output=False):
         tensor = tensor.detach()
     result = to_cute(tensor.as_strided(shape, stride), assumed_align=align)
     return result.mark_layout_dynamic(leading_dim=0 if output else 1)
-
-
-def row_pitch(tensor) -> int:
-    """The row pitch, in elements, the kernel takes for a 2-D ``tensor``: its stride, except for a single row,
-    whose pitch is never used and for which PyTorch may report any stride (then the row rounded up to 8)."""
-    rows, cols = tensor.shape
-    return tensor.stride(0) if rows > 1 else -(-cols // 8) * 8
 
 
 def launch_values(x, out, residual, output_rows, device) -> LaunchValues:

@@ -1,8 +1,10 @@
 """CPU tests of the decode glue ops (norm.py, activation.py, ops.py): every kernel variant compiles for sm_90a
 with its PDL instructions where they belong, every argument the kernels cannot take is refused by name, valid
-ones reach the launch as the views the kernels were compiled for, and the custom ops trace and check anywhere."""
+ones reach the launch as the addresses, extents and pitches the kernels take, and the custom ops trace and check
+anywhere."""
 
 import re
+import types
 
 from pathlib import Path
 
@@ -62,12 +64,17 @@ def test_compiled_code_is_cached_per_variant():
     assert activation.compile_silu_and_mul(BF16, "sm_90a") is activation.compile_silu_and_mul(BF16, "sm_90a")
 
 
+STREAM = 0x1234  # the current stream's handle where a test fakes it
+
+
 @pytest.fixture
 def launches(monkeypatch):
-    """Let validation run on CPU tensors as on a Hopper GPU, and record launches instead of making them."""
+    """Let validation run on CPU tensors as on a Hopper GPU, and record launches (op, code, kinds, values) instead
+    of making them."""
     monkeypatch.setattr(rowwise, "architecture", lambda device: "sm_90a")
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=STREAM))
     calls = []
-    record = lambda op, code, device, *args: calls.append((op, code, args))  # noqa: E731
+    record = lambda op, code, device, kinds, values, dtype: calls.append((op, code, kinds, values))  # noqa: E731
     monkeypatch.setattr(norm, "launch", record)
     monkeypatch.setattr(activation, "launch", record)
     return calls
@@ -77,24 +84,30 @@ def rand(*shape, dtype=BF16):
     return torch.randn(*shape, dtype=dtype)
 
 
-def layout(view):
-    """(shape, stride) of a CuTe runtime tensor, as ints."""
-    return tuple(view.shape), tuple(view.stride)
-
-
-def test_valid_norm_arguments_reach_the_launch_as_compiled_views(launches):
+def test_valid_norm_arguments_reach_the_launch_as_pointers_and_pitches(launches):
     wide = rand(5, 80)
     x = wide[1:4, 8:72]  # a row and column slice: pitch 80, 16-byte aligned
     weight = rand(64)
     out = norm.rms_norm(x, weight, 1e-5)
-    (op, code, args), = launches
+    (op, code, kinds, values), = launches
     assert op == "rms_norm" and code is norm.compile_rms_norm(BF16, False, "sm_90a")
-    assert layout(args[0]) == ((3, 64), (80, 1)) and layout(args[1]) == ((64,), (1,))
-    assert layout(args[2]) == ((3, 64), (64, 1)) and out.shape == (3, 64)
-    assert abs(args[5].value - 1e-5) < 1e-12
-    # A single row: whatever stride PyTorch reports for it, the view's pitch is the row's width.
-    norm.rms_norm(rand(64, 1).T, weight)  # strides (1, 1)
-    assert layout(launches[-1][2][0]) == ((1, 64), (64, 1))
+    assert kinds == norm.value_kinds(False)
+    # Unfused, no residual: its pointers are None and its pitches 0.
+    assert values == (x.data_ptr(), weight.data_ptr(), out.data_ptr(), None, None, 3, 64, 80, 64, 0, 0, 1e-5, STREAM)
+    assert out.shape == (3, 64)
+    # A single row: whatever stride PyTorch reports for it, its pitch is the row's width.
+    norm.rms_norm(rand(64, 1).T, weight, 0)  # strides (1, 1)
+    assert launches[-1][3].x_pitch == 64 and launches[-1][3].eps == 0.0 and isinstance(launches[-1][3].eps, float)
+
+
+def test_fused_norm_arguments_reach_the_launch_as_pointers_and_pitches(launches):
+    x, residual, weight = rand(4, 96)[:, :64], rand(4, 72)[:, 8:], rand(64)
+    out, total = norm.fused_add_rms_norm(x, residual, weight, out=x)
+    (op, code, kinds, values), = launches
+    assert op == "fused_add_rms_norm" and code is norm.compile_rms_norm(BF16, True, "sm_90a")
+    assert kinds == norm.value_kinds(True) and out is x
+    assert values == (x.data_ptr(), weight.data_ptr(), x.data_ptr(), residual.data_ptr(), total.data_ptr(), 4, 64,
+                      96, 96, 72, 64, 1e-6, STREAM)
 
 
 def test_in_place_outputs_are_allowed_exactly(launches):
@@ -198,11 +211,12 @@ def test_silu_and_mul_rejects_bad_arguments(launches):
         with pytest.raises(error, match=message):
             activation.silu_and_mul(*args, **kwargs)
     assert not launches
-    activation.silu_and_mul(x)
-    (op, code, args), = launches
+    out = activation.silu_and_mul(x)
+    (op, code, kinds, values), = launches
+    assert op == "silu_and_mul" and code is activation.compile_silu_and_mul(BF16, "sm_90a")
     # The gate and up halves: both (4, 32) with the input's pitch, the up half 64 bytes in.
-    assert layout(args[0]) == layout(args[1]) == ((4, 32), (64, 1)) and layout(args[2]) == ((4, 32), (32, 1))
-    assert args[1].data_ptr - args[0].data_ptr == 64
+    assert kinds == activation.VALUE_KINDS
+    assert values == (x.data_ptr(), x.data_ptr() + 64, out.data_ptr(), 4, 32, 64, 32, STREAM)
 
 
 def test_inputs_off_a_hopper_gpu_are_refused():

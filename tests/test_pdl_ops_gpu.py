@@ -288,3 +288,66 @@ def test_custom_ops_in_a_cuda_graph():
         torch.cuda.synchronize()
         for a, b in zip(captured, glue()):
             assert torch.equal(a, b)
+
+
+def test_calls_reusing_the_call_slots_compute_on_their_own_operands():
+    """After a kernel's first launch every call writes its own addresses, extents and pitches into the kernel's
+    call slots: calls alternating batch, width, row pitch and in place or not each match float64, and a CUDA graph
+    keeps the values of the launches it captured, whatever later calls wrote into the slots."""
+    dtype = torch.bfloat16
+    cells = [(1, 7168, False), (64, 1536, True), (3, 520, False), (256, 8, True), (5, 7168, True)]
+    for batch, width, wide in cells * 2:
+        x, residual = rows(batch, width, dtype, wide=wide), rows(batch, width, dtype, scales=False, wide=not wide)
+        weight = torch.randn(width, device="cuda", dtype=dtype)
+        label, eps = f"{batch}x{width} wide={wide}", 1e-6 if width > 8 else 1e-5
+        y = norm.rms_norm(x, weight, eps)
+        GlueReference(rms_norm_float64(x, weight, eps), torch_rms_norm(x, weight, eps)).check(y, f"norm {label}")
+        in_place = x.clone()
+        assert torch.equal(norm.rms_norm(in_place, weight, eps, out=in_place), y), f"in-place norm {label}"
+        out, total = Guarded(batch, width, dtype), Guarded(batch, width, dtype)
+        norm.fused_add_rms_norm(x, residual, weight, out=out.out, residual_out=total.out)
+        s = total.check()
+        assert torch.equal(s, x + residual), f"fused sum {label}"
+        assert torch.equal(out.check(), norm.rms_norm(s, weight)), f"fused norm {label}"
+        x_in, residual_in = x.clone(), residual.clone()
+        norm.fused_add_rms_norm(x_in, residual_in, weight, out=x_in, residual_out=residual_in)
+        assert torch.equal(x_in, out.out) and torch.equal(residual_in, s), f"in-place fused norm {label}"
+        gate_up = rows(batch, 2 * width, dtype, scales=False, scale=3.0, wide=wide)
+        activated = Guarded(batch, width, dtype)
+        activation.silu_and_mul(gate_up, out=activated.out)
+        GlueReference(silu_and_mul_float64(gate_up), torch_silu_and_mul(gate_up)).check(activated.check(),
+                                                                                        f"silu {label}")
+
+    captured_x, captured_residual = rows(8, 1536, dtype), rows(8, 1536, dtype, wide=True)
+    weight = torch.randn(1536, device="cuda", dtype=dtype)
+    y, fused_y, s, act = (torch.empty(8, 1536, device="cuda", dtype=dtype) for _ in range(4))
+    gate_up = rows(8, 3072, dtype, scales=False, wide=True)
+
+    def glue():
+        norm.rms_norm(captured_x, weight, out=y)
+        norm.fused_add_rms_norm(captured_x, captured_residual, weight, out=fused_y, residual_out=s)
+        activation.silu_and_mul(gate_up, out=act)
+
+    glue()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        glue()
+    # Eager calls on other operands after the capture rewrite every slot.
+    other = rows(3, 7168, dtype)
+    other_weight = torch.randn(7168, device="cuda", dtype=dtype)
+    other_y = norm.rms_norm(other, other_weight)
+    norm.fused_add_rms_norm(other, other, other_weight)
+    activation.silu_and_mul(other)
+    for _ in range(2):
+        for tensor in (captured_x, captured_residual, gate_up):
+            tensor.copy_(torch.randn_like(tensor))
+        for output in (y, fused_y, s, act):
+            output.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, norm.rms_norm(captured_x, weight)), "replayed rms_norm"
+        assert torch.equal(s, captured_x + captured_residual), "replayed fused sum"
+        assert torch.equal(fused_y, norm.rms_norm(s, weight)), "replayed fused norm"
+        assert torch.equal(act, activation.silu_and_mul(gate_up)), "replayed silu_and_mul"
+    assert torch.equal(norm.rms_norm(other, other_weight), other_y)

@@ -11,9 +11,14 @@ Each thread computes one 16-byte vector of 8 outputs; a CTA covers ``THREADS`` v
 (rows, vectors of a row / THREADS). Each output depends on its own two inputs only: bitwise repeatable and the
 same whatever the batch. Programmatic dependent launch: the kernel triggers its dependents as it starts and
 waits on its predecessor before reading (see ``SiluAndMul.kernel``).
+
+The compiled entry point (``SiluAndMul.__call__``) takes the operands as pointers with the rows, N and the two
+row pitches (``SiluValues``), which ``rowwise.launch`` writes into call slots (docs/host-cost.md).
 """
 
+import ctypes
 from functools import cache
+from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
@@ -21,7 +26,7 @@ import torch
 from cutlass.cute.runtime import make_fake_stream
 from torch.autograd.graph import increment_version
 
-from ..runtime import compile_lock
+from ..runtime import compile_lock, current_stream_handle, row_pitch
 from .rowwise import (
     VECTOR,
     check_dtype,
@@ -30,13 +35,33 @@ from .rowwise import (
     check_rows_alignment,
     check_tensor,
     check_writable,
-    fake_rows,
+    dsl_arguments,
     launch,
-    rows_view,
+    placeholder_values,
+    rows_tensor,
     vectors,
 )
 
 THREADS = 128  # vectors (of 8 outputs) per CTA
+
+
+class SiluValues(NamedTuple):
+    """``SiluAndMul.__call__``'s arguments, in its order, as a launch passes them: the addresses of the gate half,
+    the up half (of x) and out, the rows, N, x's and out's row pitches in elements and the stream's handle."""
+
+    gate: object
+    up: object
+    out: object
+    rows: object
+    width: object
+    x_pitch: object
+    out_pitch: object
+    stream: object
+
+
+# The C type the compiled function takes each value as (runtime/call_slots.py).
+VALUE_KINDS = SiluValues(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32,
+                         ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
 
 
 class SiluAndMul:
@@ -54,11 +79,23 @@ class SiluAndMul:
         self.threads = threads
 
     @cute.jit
-    def __call__(self, gate: cute.Tensor, up: cute.Tensor, out: cute.Tensor, stream):
-        """Launch (rows, ceil(N / 8 / threads)) CTAs on ``stream``."""
-        blocks = cute.ceil_div(cute.ceil_div(out.shape[1], VECTOR), self.threads)
-        self.kernel(gate, up, out).launch(
-            grid=(out.shape[0], blocks, 1),
+    def __call__(
+        self,
+        gate: cute.Pointer,
+        up: cute.Pointer,
+        out: cute.Pointer,
+        rows: cutlass.Int32,
+        width: cutlass.Int32,
+        x_pitch: cutlass.Int64,
+        out_pitch: cutlass.Int64,
+        stream,
+    ):
+        """Build the operands' (rows, N) tensors and launch (rows, ceil(N / 8 / threads)) CTAs on ``stream``."""
+        gate_rows, up_rows = rows_tensor(gate, rows, width, x_pitch), rows_tensor(up, rows, width, x_pitch)
+        out_rows = rows_tensor(out, rows, width, out_pitch)
+        blocks = cute.ceil_div(cute.ceil_div(out_rows.shape[1], VECTOR), self.threads)
+        self.kernel(gate_rows, up_rows, out_rows).launch(
+            grid=(rows, blocks, 1),
             block=(self.threads, 1, 1),
             stream=stream,
             use_pdl=self.programmatic_launch,
@@ -92,9 +129,17 @@ def compile_silu_and_mul(dtype, arch, programmatic_launch=True):
 @cache
 def _compile(dtype, arch, programmatic_launch):
     """compile_silu_and_mul on normalized arguments (one entry however they were passed)."""
+    args = dsl_arguments(VALUE_KINDS, placeholder_values(VALUE_KINDS), dtype, make_fake_stream())
     with compile_lock:  # cute.compile is not thread-safe
-        return cute.compile(SiluAndMul(programmatic_launch), fake_rows(dtype), fake_rows(dtype), fake_rows(dtype),
-                            make_fake_stream(), options=f"--gpu-arch={arch}")
+        return cute.compile(SiluAndMul(programmatic_launch), *args, options=f"--gpu-arch={arch}")
+
+
+def launch_values(x, out) -> SiluValues:
+    """One launch's ``SiluValues``: a checked input [M, 2N] and output [M, N], on the current stream of ``x``'s
+    device."""
+    rows, n = out.shape
+    return SiluValues(x.data_ptr(), x.data_ptr() + n * x.element_size(), out.data_ptr(), rows, n, row_pitch(x),
+                      row_pitch(out), current_stream_handle(x.device))
 
 
 def silu_and_mul(x, *, out=None, programmatic_launch=True):
@@ -125,6 +170,6 @@ def silu_and_mul(x, *, out=None, programmatic_launch=True):
         return out
     check_no_overlap(op, ("output", out), [("input", x, False)])
     code = compile_silu_and_mul(x.dtype, arch, programmatic_launch)
-    launch(op, code, x.device, rows_view(x[:, :n]), rows_view(x[:, n:]), rows_view(out))
+    launch(op, code, x.device, VALUE_KINDS, launch_values(x, out), x.dtype)
     increment_version(out)
     return out

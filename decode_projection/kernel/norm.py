@@ -20,10 +20,15 @@ so ``out`` may be ``x`` itself and ``residual_out`` may be ``residual`` (vLLM's 
 
 Programmatic dependent launch: the kernel triggers its dependents as it starts and waits on its predecessor
 before reading anything (see ``RMSNorm.kernel``).
+
+The compiled entry point (``RMSNorm.__call__``) takes the operands as pointers with the rows, the width and each
+operand's row pitch (``NormValues``), which ``rowwise.launch`` writes into call slots (docs/host-cost.md).
 """
 
+import ctypes
 from functools import cache
 from math import isfinite
+from typing import NamedTuple, Optional
 
 import cutlass
 import cutlass.cute as cute
@@ -36,7 +41,7 @@ try:
 except ImportError:  # the CuTe DSL 4.7 has it in cutlass.utils only (where 4.8 deprecates it)
     from cutlass.utils import SmemAllocator
 
-from ..runtime import compile_lock
+from ..runtime import compile_lock, current_stream_handle, row_pitch
 from .rowwise import (
     VECTOR,
     check_dtype,
@@ -45,16 +50,47 @@ from .rowwise import (
     check_rows_alignment,
     check_tensor,
     check_writable,
-    fake_rows,
-    fake_vector,
+    dsl_arguments,
     launch,
-    rows_view,
-    vector_view,
+    placeholder_values,
+    rows_tensor,
+    vector_tensor,
     vectors,
 )
 
 THREADS = 128  # per CTA (one row): 7 vectors a thread at H = 7168
 UNROLL = 4  # each pass unrolled 4 times: up to 4 of a thread's 16-byte loads in flight
+
+
+class NormValues(NamedTuple):
+    """``RMSNorm.__call__``'s arguments, in its order, as a launch passes them: the addresses of x, the weight, out,
+    the residual and residual_out (None unfused), the rows, the width, the four row pitches in elements (0 for the
+    residual's and residual_out's unfused), eps and the stream's handle."""
+
+    x: object
+    weight: object
+    out: object
+    residual: object
+    residual_out: object
+    rows: object
+    width: object
+    x_pitch: object
+    out_pitch: object
+    residual_pitch: object
+    residual_out_pitch: object
+    eps: object
+    stream: object
+
+
+# The C type the compiled function takes each value as (runtime/call_slots.py), fused.
+FUSED_VALUE_KINDS = NormValues(*[ctypes.c_void_p] * 5, ctypes.c_int32, ctypes.c_int32, *[ctypes.c_int64] * 4,
+                               ctypes.c_float, ctypes.c_void_p)
+
+
+def value_kinds(fused_residual) -> NormValues:
+    """The C type of each ``NormValues`` the kernel of ``fused_residual`` takes (None for the residual pointers it
+    lacks)."""
+    return FUSED_VALUE_KINDS if fused_residual else FUSED_VALUE_KINDS._replace(residual=None, residual_out=None)
 
 
 class RMSNorm:
@@ -76,17 +112,31 @@ class RMSNorm:
     @cute.jit
     def __call__(
         self,
-        x: cute.Tensor,
-        weight: cute.Tensor,
-        out: cute.Tensor,
-        residual: cute.Tensor,
-        residual_out: cute.Tensor,
+        x: cute.Pointer,
+        weight: cute.Pointer,
+        out: cute.Pointer,
+        residual: Optional[cute.Pointer],
+        residual_out: Optional[cute.Pointer],
+        rows: cutlass.Int32,
+        width: cutlass.Int32,
+        x_pitch: cutlass.Int64,
+        out_pitch: cutlass.Int64,
+        residual_pitch: cutlass.Int64,
+        residual_out_pitch: cutlass.Int64,
         eps: cutlass.Float32,
         stream,
     ):
-        """Launch one CTA per row of ``x`` on ``stream`` (``residual`` and ``residual_out`` unused unless fused)."""
-        self.kernel(x, weight, out, residual, residual_out, eps).launch(
-            grid=(x.shape[0], 1, 1),
+        """Build the operands' tensors and launch one CTA per row on ``stream`` (``residual`` and ``residual_out``
+        None unless fused)."""
+        x_rows = rows_tensor(x, rows, width, x_pitch)
+        # Unfused, the residual operands are placeholders the kernel never touches.
+        residual_rows = residual_out_rows = x_rows
+        if cutlass.const_expr(self.fused_residual):
+            residual_rows = rows_tensor(residual, rows, width, residual_pitch)
+            residual_out_rows = rows_tensor(residual_out, rows, width, residual_out_pitch)
+        out_rows = rows_tensor(out, rows, width, out_pitch)
+        self.kernel(x_rows, vector_tensor(weight, width), out_rows, residual_rows, residual_out_rows, eps).launch(
+            grid=(rows, 1, 1),
             block=(self.threads, 1, 1),
             stream=stream,
             use_pdl=self.programmatic_launch,
@@ -167,12 +217,20 @@ def compile_rms_norm(dtype, fused_residual, arch, programmatic_launch=True):
 @cache
 def _compile(dtype, fused_residual, arch, programmatic_launch):
     """compile_rms_norm on normalized arguments (one entry however they were passed)."""
-    rows = fake_rows(dtype)
-    # Unfused, the residual operands are placeholders the kernel never touches.
-    args = (rows, fake_vector(dtype), fake_rows(dtype), fake_rows(dtype), fake_rows(dtype), cutlass.Float32(0.0))
+    kinds = value_kinds(fused_residual)
+    args = dsl_arguments(kinds, placeholder_values(kinds), dtype, make_fake_stream())
     with compile_lock:  # cute.compile is not thread-safe
-        return cute.compile(RMSNorm(fused_residual, programmatic_launch), *args, make_fake_stream(),
-                            options=f"--gpu-arch={arch}")
+        return cute.compile(RMSNorm(fused_residual, programmatic_launch), *args, options=f"--gpu-arch={arch}")
+
+
+def launch_values(x, weight, out, residual, residual_out, eps) -> NormValues:
+    """One launch's ``NormValues``: checked torch tensors (``residual`` and ``residual_out`` None unfused), on the
+    current stream of ``x``'s device."""
+    fused = residual is not None
+    return NormValues(x.data_ptr(), weight.data_ptr(), out.data_ptr(), residual.data_ptr() if fused else None,
+                      residual_out.data_ptr() if fused else None, x.shape[0], x.shape[1], row_pitch(x),
+                      row_pitch(out), row_pitch(residual) if fused else 0, row_pitch(residual_out) if fused else 0,
+                      float(eps), current_stream_handle(x.device))
 
 
 def check_eps(op, eps):
@@ -230,9 +288,7 @@ def rms_norm(x, weight, eps=1e-6, *, out=None, programmatic_launch=True):
         return out
     check_no_overlap(op, ("output", out), [("input", x, True), ("weight", weight, False)])
     code = compile_rms_norm(x.dtype, False, arch, programmatic_launch)
-    x_view = rows_view(x)
-    # The residual operands of the unfused kernel are never read: any rows of the right type do.
-    launch(op, code, x.device, x_view, vector_view(weight), rows_view(out), x_view, x_view, cutlass.Float32(eps))
+    launch(op, code, x.device, value_kinds(False), launch_values(x, weight, out, None, None, eps), x.dtype)
     increment_version(out)  # an in-place write autograd cannot see
     return out
 
@@ -264,8 +320,8 @@ def fused_add_rms_norm(x, residual, weight, eps=1e-6, *, out=None, residual_out=
     check_no_overlap(op, ("residual_out", residual_out), [
         ("input", x, True), ("residual", residual, True), ("weight", weight, False)])
     code = compile_rms_norm(x.dtype, True, arch, programmatic_launch)
-    launch(op, code, x.device, rows_view(x), vector_view(weight), rows_view(out), rows_view(residual),
-           rows_view(residual_out), cutlass.Float32(eps))
+    launch(op, code, x.device, value_kinds(True), launch_values(x, weight, out, residual, residual_out, eps),
+           x.dtype)
     increment_version(out)
     increment_version(residual_out)
     return out, residual_out

@@ -7,36 +7,45 @@ length that are whole multiples of 8 elements. A row-slice or column-slice of a
 wider buffer that keeps those is a legal operand; anything else is refused with
 a message that says which property is missing.
 
-Kernels are compiled once per code variant against fake tensors whose extents
-and row pitch are runtime symbols, so one compiled function serves every batch,
-width and buffer; ``rows_view`` and ``vector_view`` convert torch tensors to
-the matching CuTe tensors explicitly (never a ``torch.Tensor`` straight into a
-compiled function).
+Each kernel is compiled once per code variant, its entry point taking every operand as a pointer with the rows,
+the width and each operand's row pitch as runtime integers (``rows_tensor``, ``vector_tensor`` build the tensors
+inside the compiled host function), so one compiled function serves every batch, width and buffer. A DLPack view
+per operand per call, and the DSL's marshalling of it, would cost an eager call several times the PyTorch op it
+replaces (docs/host-cost.md): ``launch`` writes the call's addresses and extents into the kernel's call slots
+(runtime/call_slots.py) instead.
 """
+
+import ctypes
+import threading
+from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
 import torch
-from cutlass.cute.runtime import make_fake_tensor
+from cuda.bindings import driver
 
-from ..runtime import architecture, current_stream, describe, overlaps, to_cute
+from ..runtime import architecture, describe, overlaps, pointer
+from ..runtime.call_slots import CallSlots
 
 VECTOR = 8  # 16-bit elements per 16-byte load or store
 ALIGN = 16  # bytes: base address, row pitch and row length granularity
 ELEMENT_DTYPES = {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}
 MOST_ROWS = 2**31 - 1  # CUDA's limit on a grid's x dimension, where the kernels put the rows
+# The DSL's type of each C value an entry point takes, other than pointers (the stream's handle is one).
+DSL_NUMBERS = {ctypes.c_int32: cutlass.Int32, ctypes.c_int64: cutlass.Int64, ctypes.c_float: cutlass.Float32}
 
 
-def fake_rows(dtype):
-    """A symbolic (rows, width) operand: width and pitch multiples of VECTOR, unit stride along a row."""
-    shape = (cute.sym_int(), cute.sym_int(divisibility=VECTOR))
-    stride = (cute.sym_int64(divisibility=VECTOR), 1)
-    return make_fake_tensor(ELEMENT_DTYPES[dtype], shape, stride, assumed_align=ALIGN)
+def rows_tensor(rows_pointer, rows, width, pitch):
+    """In a compiled entry: the (rows, width) operand at ``rows_pointer`` with row pitch ``pitch``, typed as a dynamic
+    DLPack view of checked rows is: every extent dynamic, width and pitch multiples of VECTOR, unit stride along a
+    row."""
+    layout = cute.make_layout((rows, cute.assume(width, divby=VECTOR)), stride=(cute.assume(pitch, divby=VECTOR), 1))
+    return cute.make_tensor(rows_pointer, layout)
 
 
-def fake_vector(dtype):
-    """A symbolic contiguous (width,) operand, width a multiple of VECTOR."""
-    return make_fake_tensor(ELEMENT_DTYPES[dtype], (cute.sym_int(divisibility=VECTOR),), (1,), assumed_align=ALIGN)
+def vector_tensor(vector_pointer, width):
+    """In a compiled entry: the contiguous (width,) operand at ``vector_pointer``, width a multiple of VECTOR."""
+    return cute.make_tensor(vector_pointer, cute.make_layout((cute.assume(width, divby=VECTOR),), stride=(1,)))
 
 
 def vectors(tensor, row):
@@ -45,23 +54,19 @@ def vectors(tensor, row):
     return cute.logical_divide(tensor[row, None], cute.make_layout(VECTOR))
 
 
-def rows_view(tensor):
-    """A checked 2-D tensor as the CuTe tensor ``fake_rows`` stands for."""
-    rows, width = tensor.shape
-    # A single row's pitch is never used, and PyTorch may report any stride there.
-    pitch = tensor.stride(0) if rows > 1 else width
-    if tensor.requires_grad:  # DLPack refuses these; the kernels never take part in autograd
-        tensor = tensor.detach()
-    view = to_cute(tensor.as_strided((rows, width), (pitch, 1)), assumed_align=ALIGN)
-    # Named, not deduced: a single row has a size-1 dimension whose stride may also be 1.
-    return view.mark_layout_dynamic(leading_dim=1)
+def dsl_arguments(kinds: NamedTuple, values, dtype, stream) -> tuple:
+    """An entry point's arguments in the DSL's types: ``values``, one per field of ``kinds`` (the C types of the
+    call slots, the stream's handle last), with each address a 16-byte aligned pointer to ``dtype``, each number
+    its DSL type, and ``stream`` in the handle's place."""
+    *operands, _handle = zip(kinds, values)
+    return (*(None if kind is None else pointer(ELEMENT_DTYPES[dtype], value, ALIGN) if kind is ctypes.c_void_p
+              else DSL_NUMBERS[kind](value) for kind, value in operands), stream)
 
 
-def vector_view(tensor):
-    """A checked contiguous 1-D tensor as the CuTe tensor ``fake_vector`` stands for."""
-    if tensor.requires_grad:
-        tensor = tensor.detach()
-    return to_cute(tensor, assumed_align=ALIGN).mark_layout_dynamic(leading_dim=0)
+def placeholder_values(kinds: NamedTuple) -> NamedTuple:
+    """Values of the types ``kinds`` names, to compile an entry point against (null addresses, units): the compiled
+    code takes each as a runtime value, so which ones they are does not matter."""
+    return kinds._make(None if kind is None else 0 if kind is ctypes.c_void_p else kind(1).value for kind in kinds)
 
 
 def check_tensor(op, name, tensor, *, dims, dtype=None, device=None):
@@ -148,20 +153,39 @@ def check_no_overlap(op, written, others):
             raise ValueError(f"{op} {name} overlaps its {other_name}{allowed}")
 
 
+class _Launcher(NamedTuple):
+    """A compiled kernel's device and its call slots, with the lock that keeps one launch's values in them at a
+    time (the glue ops may be called from several threads)."""
+
+    code: object  # kept, so that its id, the key of this launcher, stays its own
+    device: torch.device
+    slots: CallSlots
+    lock: threading.Lock
+
+
 # A compiled function loads its module on the device current at its first call and stays bound to it
 # (CuTe DSL 4.8.1): launched on a second GPU it would run in the wrong context. Refused until each device
 # gets its own executor.
-_kernel_devices = {}
+_launchers = {}
 
 
-def launch(op, code, device, *args):
-    """Call compiled ``code`` on ``device``'s current stream with CuTe ``args``."""
-    bound = _kernel_devices.setdefault(id(code), (code, device))[1]
-    if bound != device:
-        raise ValueError(f"{op} already runs on {bound}; glue ops on several GPUs in one process are not "
+def launch(op, code, device, kinds: NamedTuple, values, dtype):
+    """Call compiled ``code`` on ``device`` with ``values`` (addresses, extents and the current stream's handle, one
+    per field of ``kinds``) through its call slots; its first launch goes through the DSL's own call, with ``dtype``
+    the operands' element type."""
+    launcher = _launchers.get(id(code))
+    if launcher is None:
+        launcher = _launchers.setdefault(id(code), _Launcher(code, device, CallSlots((), kinds), threading.Lock()))
+    if launcher.device != device:
+        raise ValueError(f"{op} already runs on {launcher.device}; glue ops on several GPUs in one process are not "
                          f"supported yet (input on {device})")
-    if torch.cuda.current_device() == device.index:
-        code(*args, current_stream(device))
-    else:
-        with torch.cuda.device(device):
-            code(*args, current_stream(device))
+
+    def arguments():
+        return dsl_arguments(kinds, values, dtype, driver.CUstream(values[-1]))
+
+    with launcher.lock:
+        if torch.cuda.current_device() == device.index:
+            launcher.slots.launch(code, values, arguments)
+        else:
+            with torch.cuda.device(device):
+                launcher.slots.launch(code, values, arguments)

@@ -13,6 +13,9 @@ boundary at launch or prepare time lives here, in one place:
 - ``to_cute``: an explicit torch -> CuTe tensor conversion. Handing a
   ``torch.Tensor`` straight to a compiled function goes through an adapter
   whose argument struct may silently differ from what was compiled.
+- ``pointer`` / ``row_pitch``: an operand that changes from call to call as
+  a compiled entry takes it, a pointer and its row pitch in elements (the
+  entry builds its tensor; docs/host-cost.md).
 - ``describe`` / ``overlaps``: the argument checks every launcher shares (a
   tensor's layout for error messages; whether two operands share a byte).
 - ``compile_lock``: ``cute.compile`` is not thread-safe, so every compile in
@@ -33,6 +36,7 @@ import threading
 import torch
 from cuda.bindings import driver
 
+import cutlass.cute as cute
 import cutlass.cute.runtime as cute_runtime
 
 # Hopper's wgmma and the bulk tensor copy exist only in the arch-specific
@@ -84,6 +88,18 @@ def to_cute(tensor: torch.Tensor, assumed_align: int = 16):
             f"(shape {tuple(tensor.shape)}, dtype {tensor.dtype})"
         )
     return cute_runtime.from_dlpack(tensor, assumed_align=assumed_align)
+
+
+def pointer(dtype, address: int, align: int | None = None):
+    """A global-memory pointer of CuTe type ``dtype``, promising ``align`` bytes (default: the element's)."""
+    return cute_runtime.make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=align or dtype.width // 8)
+
+
+def row_pitch(tensor) -> int:
+    """The row pitch, in elements, a kernel takes for a 2-D ``tensor``: its stride, except for a single row,
+    whose pitch is never used and for which PyTorch may report any stride (then the row rounded up to 8)."""
+    rows, cols = tensor.shape
+    return tensor.stride(0) if rows > 1 else -(-cols // 8) * 8
 
 
 def describe(tensor):

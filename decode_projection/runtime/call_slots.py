@@ -1,11 +1,12 @@
 """Calling compiled functions of one signature again and again without the CuTe DSL's per-call marshalling.
 
-A compiled function takes each argument as the address of a C value: a pointer, an integer, a tensor's memref
-descriptor. Its Python call builds those values and that list of addresses through the DSL's generic argument
-path on every call, most of an eager projection's host time (docs/host-cost.md). A projection calls the kernels
-of one signature with new addresses and extents each time: ``CallSlots`` keeps one C value per argument and the
-list of their addresses, and a launch writes the new values and hands the list to the function's
-``run_compiled_program``, the method its Python call ends in (which also loads the module on first use).
+A compiled function takes each argument as the address of a C value: a pointer, an integer, a float, a
+tensor's memref descriptor. Its Python call builds those values and that list of addresses through the DSL's
+generic argument path on every call, most of an eager projection's or glue op's host time (docs/host-cost.md).
+A projection, and each glue kernel (kernel/rowwise.py), calls kernels of one signature with new addresses and
+extents each time: ``CallSlots`` keeps one C value per argument and the list of their addresses, and a launch
+writes the new values and hands the list to the function's ``run_compiled_program``, the method its Python call
+ends in (which also loads the module on first use).
 
 Each compiled function's first launch goes through its own Python call instead, and checks that the DSL passed
 the values the slots hold in the same places: a DSL whose convention differs raises there, before any launch
@@ -22,7 +23,7 @@ class CallSlots:
     def __init__(self, fixed, kinds):
         """``fixed``: the leading arguments, the same in every launch (CuTe tensors made once, kept alive here, or
         None); ``kinds``: one ctypes type per argument after them (``c_void_p`` for a pointer or a stream,
-        ``c_int32``, ``c_int64``), None for one that is always None."""
+        ``c_int32``, ``c_int64``, ``c_float``), None for one that is always None."""
         self._fixed = fixed
         self._values = [None if kind is None else kind() for kind in kinds]
         # (address, bytes to compare): a tensor is its descriptor's address, compared as such; None takes no place.
