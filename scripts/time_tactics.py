@@ -50,7 +50,8 @@ from decode_projection.runtime.gpu import gpu_spec
 from decode_projection.warmup import compile_all
 
 CANDIDATES = "candidates"  # in place of a gated cell's tactics: the first GATED_CANDIDATES of gated_candidates
-# The best predicted of them, each compiled, checked and timed (3072 x 7168's folded tiles rank 13th on, H100).
+# The best predicted of them, each compiled, checked and timed (3072 x 7168's folded tiles rank 13th on, H100; its
+# 48-row tiles split in two, 35th on, though they ran fastest after glue: name them).
 GATED_CANDIDATES = 16
 
 

@@ -238,12 +238,20 @@ def test_gated_candidates_can_gate_and_give_16_row_tiles_two_to_an_sm():
     n, k = 3072, 7168
     for batch in (1, 8, 32, 64):
         found = policies.gated_candidates(n, k, batch, H100)
-        assert found and all(t.valid and not gated_problems(t) for t in found)
-        assert all(t.activation_rows == activation_rows_for(batch) and t.stages >= policies.MIN_STAGES for t in found)
+        assert found and all(t.valid and not gated_problems(t) and t.stages >= policies.MIN_STAGES for t in found)
+        # Split in two over 16 activation rows or more (a gate pair and its up pair per reduction vector), in one
+        # wave: 3072 rows in 48-row tiles (what gated_tactic makes of the table's 24-row ones) among them.
+        split = [t for t in found if t.split > 1]
+        assert all(t.split == 2 and t.fold == 1 and policies.waves(t, n, batch, H100) == 1 for t in split)
+        assert all(t.activation_rows == max(activation_rows_for(batch), policies.GATED_SPLIT_ACTIVATION_ROWS)
+                   for t in split)
+        assert SplitKTactic(48, max(16, activation_rows_for(batch)), 2, 11, k_boxes=2) in split or batch > 8
         assert len({t.label for t in found}) == len(found)  # once each, so the order below is a total one
         times = [predicted_time_us(n, k, batch, t, H100) for t in found]
         assert times == sorted(times)
         assert policies.gated_candidates(n, k, batch, H100) == found
+        found = [t for t in found if t.split == 1]
+        assert all(t.activation_rows == activation_rows_for(batch) for t in found)
         # 192 CTAs of 16 rows run in one wave only two to an SM: the deepest pipeline that allows it is offered.
         sharing = [t for t in found if t.weight_rows == 16 and policies.ctas_per_sm(t, H100) == 2]
         assert {1, 2} <= {t.k_boxes for t in sharing}

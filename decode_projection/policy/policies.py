@@ -577,25 +577,30 @@ def gated_tactic(tactic: SplitKTactic, n: int, batch: int, gpu: GpuSpec = H200) 
 def gated_candidates(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> list[SplitKTactic]:
     """Every tactic worth timing for a gated projection of an interleaved weight of ``n`` rows (twice the gate rows)
     at ``batch``, by predicted time: tiles of each whole number of 16-row gate groups (kernel.tactic.gated_problems)
-    over the covering activation tile, unfolded and folded where they fit a fold's slot, in 1-, 2- and 4-box stages,
-    as deep as fit and, where the grid has more CTAs than ``gpu`` has SMs, as deep as let two CTAs share an SM (3072
-    rows in 16-row tiles: 192 CTAs in one wave on 132 SMs); those alone on an SM also letting the next launch in as
-    they start (``may_start_dependents_early``)."""
-    # gated_tactic maps the table's pick to the nearest tile that can gate, which may leave SMs idle: 3072 x 7168's
-    # 24-row folded tiles (128 CTAs) become 32-row folded tiles (96 CTAs). These are for timing to choose among.
-    acts = activation_rows_for(batch)
+    over the covering activation tile, unfolded and folded where they fit a fold's slot, or split in two over at
+    least GATED_SPLIT_ACTIVATION_ROWS where one wave holds them, in 1-, 2- and 4-box stages, as deep as fit and,
+    where the grid has more CTAs than ``gpu`` has SMs, as deep as let two CTAs share an SM (3072 rows in 16-row
+    tiles: 192 CTAs in one wave on 132 SMs); those alone on an SM also letting the next launch in as they start
+    (``may_start_dependents_early``)."""
+    # gated_tactic maps the table's pick to the nearest tile that can gate: these are for timing to choose among.
     found = []
-    for rows, fold in itertools.product([rows for rows in WEIGHT_ROWS_AS_A if rows % GATE_GROUP_ROWS == 0], FOLDS):
+    forms = [(1, fold) for fold in FOLDS] + [(2, 1)]  # (split, fold): a fold takes no split
+    for rows, (split, fold) in itertools.product(
+            [rows for rows in WEIGHT_ROWS_AS_A if rows % GATE_GROUP_ROWS == 0], forms):
+        acts = activation_rows_for(batch)
+        acts = acts if split == 1 else max(acts, GATED_SPLIT_ACTIVATION_ROWS)
         # Where every CTA has an SM anyway, room for two only costs stages.
-        sharing = (1, 2) if grid_ctas(SplitKTactic(rows, acts, 1, 2), n, batch) > gpu.sm_count else (1,)
+        sharing = (1, 2) if grid_ctas(SplitKTactic(rows, acts, split, 2), n, batch) > gpu.sm_count else (1,)
         for boxes in K_BOXES:
             for per_sm in sharing:
-                stages = stages_sharing_an_sm(rows, acts, 1, boxes, per_sm=per_sm, gpu=gpu, fold=fold)
-                tactic = SplitKTactic(rows, acts, 1, stages, k_boxes=boxes, fold=fold)
+                stages = stages_sharing_an_sm(rows, acts, split, boxes, per_sm=per_sm, gpu=gpu, fold=fold)
+                tactic = SplitKTactic(rows, acts, split, stages, k_boxes=boxes, fold=fold)
                 # Two stages leave one in flight (2 of 4 boxes ran 3x slower: tuning.candidates.folded_tactics), and
-                # stages wider than half of K (of each folded segment) no pipeline (one-box stages are K's narrowest).
+                # stages wider than half of K (of each folded segment or rank) no pipeline (one-box stages are K's
+                # narrowest); a split grid past one wave waits for its clusters.
                 if (tactic.valid and not gated_problems(tactic) and tactic.stages >= MIN_STAGES
-                        and (boxes == 1 and fold == 1 or tactic.k_slice(k, rank=0).stages >= 2)):
+                        and (boxes == 1 and fold == 1 and split == 1 or tactic.k_slice(k, rank=0).stages >= 2)
+                        and (split == 1 or waves(tactic, n, batch, gpu) == 1)):
                     found.append(tactic)
     found += [replace(t, dependents_at_start=True) for t in found if may_start_dependents_early(t, gpu)]
     unique = set(found)  # where room for one CTA already leaves room for two, both depths are one tactic
