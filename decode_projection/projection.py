@@ -337,7 +337,8 @@ def gated_policies(policies, weight: torch.Tensor) -> dict:
     """``policies`` with each tactic that cannot gate the interleaved ``weight`` replaced by the nearest that can on
     its GPU (policy.policies.gated_tactic)."""
     gpu = gpu_spec(weight.device)
-    return {batch: gated_tactic(tactic, weight.shape[0], batch, gpu) for batch, tactic in policies.items()}
+    n, k = weight.shape
+    return {batch: gated_tactic(tactic, n, k, batch, gpu) for batch, tactic in policies.items()}
 
 
 @cache

@@ -108,10 +108,10 @@ def time_cell(n, k, batch, tactics, one_output=False, without_programmatic_launc
         reference = GatedReference(x, *pairs[0], torch.bfloat16)
     else:
         weights = [torch.randn(n, k, device="cuda").to(torch.bfloat16) for _ in range(copies)]
-        reference = Reference(x, weights[0], torch.bfloat16)
+        plain_reference = Reference(x, weights[0], torch.bfloat16)
     addend = torch.randn(batch, n, device="cuda").to(torch.bfloat16) if residual else None
-    if residual:
-        reference = Reference(x, weights[0], torch.bfloat16, addend)
+    if not gated:
+        reference = Reference(x, weights[0], torch.bfloat16, addend) if residual else plain_reference
     outs = [torch.empty(batch, rows, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
     tactic_outs = [torch.empty(batch, n, device="cuda", dtype=torch.bfloat16) for _ in range(copies)] if gated else outs
     # label: (launch(i, out), the outputs it writes, one per weight copy)
@@ -136,6 +136,8 @@ def time_cell(n, k, batch, tactics, one_output=False, without_programmatic_launc
                      for w in weights]
             label = f"plain {plain[0].policies[batch].label} {plain[0].policy_sources[batch]}" + (
                 "" if programmatic else " no PDL")
+            outs[0].fill_(float("nan"))
+            plain_reference.check(plain[0].run(x, outs[0]), f"{n}x{k} M={batch} {label}")
             outs[0].fill_(float("nan"))
             reference.check(fused[0].run(x, outs[0], residual=addend), f"{n}x{k} M={batch} residual {label}")
             runs[label] = (lambda i, out, plain=plain: plain[i].run(x, out), outs)
@@ -186,8 +188,9 @@ def main():
     epilogue = Epilogue(gated=True) if args.gated else Epilogue(residual=True) if args.residual else None
     compile_all(compile_jobs(cells, arch, launch_kinds, as_tactic, epilogue))
     if compared is not None:
+        # By the fields set here only: a copy from before a field was added takes the others.
         theirs = None if epilogue is None else importlib.import_module(f"{compared.__name__}.projection").Epilogue(
-            *epilogue)
+            **{name: value for name, value in epilogue._asdict().items() if value != Epilogue._field_defaults[name]})
         importlib.import_module(f"{compared.__name__}.warmup").compile_all(
             compile_jobs(cells, arch, launch_kinds, compared.tactic.as_tactic, theirs))
     print(f"{'cell':<18} {'launch':<50} {'back to back us':>16} {'after glue us':>14} {'mean':>7}")

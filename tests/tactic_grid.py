@@ -162,14 +162,16 @@ GATED_PATHS = [
     SplitKTactic(64, 64, 1, 3, multicast=2),
     SplitKTactic(64, 256, 1, 4, column_groups=2),
     SplitKTactic(192, 16, 1, 4),
-    # Folded K, summed through shared memory: a whole slot of two groups (what 3072 x 7168's 24-row folded tiles
-    # gate as at M = 1-8 and 16) and one group in a slot of 16 rows.
+    # Folded K, summed through shared memory: a whole slot of two groups (what a 24-row folded tile rounds up to
+    # where twice its rows split in two would not fit a wave) and one group in a slot of 16 rows.
     SplitKTactic(32, 8, 1, 11, k_boxes=2, dependents_at_start=True, fold=2),
     SplitKTactic(32, 16, 1, 9, k_boxes=2, dependents_at_start=True, fold=2),  # two outputs a thread
     SplitKTactic(16, 16, 1, 7, k_boxes=2, fold=4),
-    # Split K, its reduction vectors 4 wide: a gate pair and its up pair per vector.
+    # Split K, its reduction vectors 4 wide: a gate pair and its up pair per vector. 3072 x 7168's 24-row folded
+    # tiles gate as (48,16,2,11,2) at M = 1-16, and on the H200 as (48,32,2,9,2) at M = 32.
     SplitKTactic(48, 64, 2, 6, k_boxes=2),
     SplitKTactic(48, 16, 2, 11, k_boxes=2),
+    SplitKTactic(48, 32, 2, 9, k_boxes=2),
     SplitKTactic(128, 32, 4, 5),
     # What a weight-as-B tactic that cannot gate becomes at M = 256: one activation tile covering the batch, split
     # where it fills the SMs.

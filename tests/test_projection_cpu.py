@@ -800,28 +800,29 @@ def test_the_nearest_gated_tactic_keeps_what_it_can():
     from decode_projection.policy.policies import gated_tactic
     from decode_projection.runtime.gpu import H100, H200
 
-    assert gated_tactic(SplitKTactic(64, 8, 1, 6, k_boxes=4), 3072, 8) == SplitKTactic(64, 8, 1, 6, k_boxes=4)
+    assert gated_tactic(SplitKTactic(64, 8, 1, 6, k_boxes=4), 3072, 7168, 8) == SplitKTactic(64, 8, 1, 6, k_boxes=4)
     # Split K gates where its reduction vectors are 4 wide.
-    assert gated_tactic(SplitKTactic(128, 64, 4, 4, k_boxes=2), 3072, 64) == SplitKTactic(128, 64, 4, 4, k_boxes=2)
+    assert gated_tactic(SplitKTactic(128, 64, 4, 4, k_boxes=2), 3072, 7168, 64) == SplitKTactic(128, 64, 4, 4, k_boxes=2)
     # A streaming folded tile rounded up to whole groups stays folded (its slot holds them); a compute-bound one
     # unfolds, to split K where that fills a wave. (8448 rows: twice an odd tile's rows split in two run past a wave.)
     for tactic, fold in [(SplitKTactic(24, 8, 1, 11, k_boxes=2, fold=2), 2), (SplitKTactic(64, 8, 2, 6, k_boxes=2), 1),
                          (SplitKTactic(56, 16, 1, 6), 1), (SplitKTactic(8, 8, 1, 4, k_boxes=4, fold=4), 4),
                          (SplitKTactic(24, 8, 1, 4, k_boxes=4, fold=2), 2), (SplitKTactic(24, 128, 1, 4, fold=2), 1)]:
-        nearest = gated_tactic(tactic, 8448, tactic.activation_rows)
+        nearest = gated_tactic(tactic, 8448, 7168, tactic.activation_rows)
         assert not gated_problems(nearest) and nearest.valid and nearest.split == 1 and nearest.fold == fold
         assert nearest.activation_rows == tactic.activation_rows and nearest.weight_rows % 16 == 0
         assert nearest.stages == max_stages(nearest.weight_rows, nearest.activation_rows, 1, nearest.k_boxes,
                                             fold=fold)
     # An early start survives where the nearest tile may start early, on either card.
     for gpu in (H100, H200):
-        early = gated_tactic(SplitKTactic(24, 8, 1, 11, k_boxes=2, dependents_at_start=True, fold=2), 8448, 8, gpu)
+        early = gated_tactic(SplitKTactic(24, 8, 1, 11, k_boxes=2, dependents_at_start=True, fold=2), 8448, 7168, 8, gpu)
         assert early == SplitKTactic(32, 8, 1, 11, k_boxes=2, dependents_at_start=True, fold=2)
-        assert not gated_tactic(SplitKTactic(48, 64, 2, 6, k_boxes=2), 3072, 64, gpu).dependents_at_start
+        assert not gated_tactic(SplitKTactic(48, 64, 2, 6, k_boxes=2), 3072, 7168, 64, gpu).dependents_at_start
 
 
 def test_a_streaming_tile_of_odd_halves_gates_as_twice_its_rows_split_in_two():
     from decode_projection.kernel.tactic import gated_problems
+    from decode_projection.policy import policies
     from decode_projection.policy.policies import gated_tactic
     from decode_projection.runtime.gpu import H100, H200
 
@@ -830,9 +831,20 @@ def test_a_streaming_tile_of_odd_halves_gates_as_twice_its_rows_split_in_two():
     for gpu in (H100, H200):
         for batch, plain in [(1, SplitKTactic(24, 8, 1, 11, k_boxes=2, dependents_at_start=True, fold=2)),
                              (16, SplitKTactic(24, 16, 1, 9, k_boxes=2, dependents_at_start=True, fold=2))]:
-            nearest = gated_tactic(plain, 3072, batch, gpu)
+            nearest = gated_tactic(plain, 3072, 7168, batch, gpu)
             assert nearest == SplitKTactic(48, 16, 2, max_stages(48, 16, 2, 2), k_boxes=2) and nearest.stages >= 3
             assert nearest.grid_columns(3072) == plain.grid_columns(3072) == 128 and not gated_problems(nearest)
+    # In 2-box stages whatever the plain tile's (4-box ones ran slower); 8 activation rows would part a gate pair
+    # from its up pair in the reduction.
+    four_boxes = SplitKTactic(24, 8, 1, 5, k_boxes=4, dependents_at_start=True, fold=2)
+    assert gated_tactic(four_boxes, 3072, 7168, 3, H200) == SplitKTactic(48, 16, 2, 11, k_boxes=2)
+    assert gated_problems(SplitKTactic(48, 8, 2, 12, k_boxes=2)) and policies.GATED_SPLIT_ACTIVATION_ROWS == 16
+    # Not where the rank's K is under two stages (rounded up instead), nor from a tactic already split (its CTAs
+    # would halve), nor past one wave (8448 rows: 352 CTAs).
+    plain = SplitKTactic(24, 8, 1, 11, k_boxes=2, dependents_at_start=True, fold=2)
+    assert gated_tactic(plain, 3072, 128, 1, H100).split == 1
+    assert gated_tactic(SplitKTactic(56, 8, 4, 6, k_boxes=4), 1536, 7168, 1, H100).weight_rows == 64
+    assert gated_tactic(plain, 8448, 7168, 1, H100).split == 1
 
 
 @pytest.mark.parametrize("tactic", [
@@ -846,7 +858,7 @@ def test_the_tables_weight_as_b_tactics_gate_as_they_are(tactic):
     from decode_projection.runtime.gpu import H100
 
     # Columns c and c + 8 of B, a gate row and its up row, meet in one thread (kernel.tactic.GATE_GROUP_ROWS).
-    assert gated_tactic(tactic, 8448, 256, H100) == tactic
+    assert gated_tactic(tactic, 8448, 7168, 256, H100) == tactic
 
 
 @pytest.mark.parametrize("n, batch, tactic", [
@@ -863,7 +875,7 @@ def test_a_weight_as_b_tactic_that_cannot_gate_still_reads_the_weight_once(n, ba
     # Its activation tiles shared each weight load (multicast): the nearest's one activation tile covers them, and
     # the tiles of a compute-bound batch split K as far as one wave holds them.
     assert tactic.valid and gated_problems(tactic)
-    nearest = gated_tactic(tactic, n, batch, H100)
+    nearest = gated_tactic(tactic, n, 7168, batch, H100)
     assert not gated_problems(nearest) and nearest.valid and not nearest.weight_as_b
     assert nearest.activation_rows >= min(tactic.activation_rows * tactic.multicast, batch)
     assert nearest.grid_rows(batch) == 1
@@ -889,7 +901,7 @@ def test_gated_candidates_compile_with_their_exponentials(rows):
     from decode_projection.policy.policies import ctas_per_sm, gated_candidates
     from decode_projection.runtime.gpu import H100
 
-    # The shared expert's pair on the H100: 16-row tiles two to an SM, and unfolded 32-row tiles (the folded ones
+    # The shared expert's pair on the H100: 16-row tiles two to an SM, and unfolded 32-row tiles (the tiles
     # gated_tactic maps to compile in test_every_gated_tactic_compiles_with_its_exponentials).
     found = gated_candidates(3072, 7168, 8, H100)
     tactic = next(t for t in found if t.weight_rows == rows and ctas_per_sm(t, H100) == (2 if rows == 16 else 1))

@@ -23,6 +23,7 @@ The rules and their evidence: docs/tactics-and-heuristic.md.
 import itertools
 import math
 from dataclasses import replace
+from typing import NamedTuple
 
 from ..kernel.tactic import (
     ACTIVATION_ROWS, ACTIVATION_ROWS_AS_A, BARRIER_BYTES, BOX_K, FOLDS, GATE_GROUP_ROWS, K_BOXES, WEIGHT_ROWS,
@@ -529,17 +530,31 @@ def resolve_policies(n, k, batches, *, gpu: GpuSpec, weight_dtype, output_dtype,
 # A gated tile split in two reduces vectors of 4 accumulators (a gate pair and its up pair: gated_problems) only
 # from 16 activation rows on; rows past the batch are zero-filled by TMA, not read.
 GATED_SPLIT_ACTIVATION_ROWS = 16
+# K boxes per stage of such a tile: 3072 x 7168's (48,16,2) tiles at M = 1 took 14.87 / 16.22 us back to back /
+# after glue in 2-box stages, 15.21 / 16.59 in 4-box ones (H100, docs/measurements/2026-12-07-probe-gated-split-h100.txt).
+GATED_SPLIT_BOXES = (2, 1)
 
 
-def gated_tactic(tactic: SplitKTactic, n: int, batch: int, gpu: GpuSpec = H200) -> SplitKTactic:
-    """``tactic`` where it can run a gated projection of an interleaved weight of ``n`` rows at ``batch``
+class GatedForm(NamedTuple):
+    """A tile ``gated_tactic`` tries: its weight and activation rows, fold, and the splits and K boxes per stage
+    tried in turn."""
+
+    rows: int
+    acts: int
+    fold: int
+    splits: tuple
+    boxes: tuple
+
+
+def gated_tactic(tactic: SplitKTactic, n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTactic:
+    """``tactic`` where it can run a gated projection of an interleaved weight of ``n`` x ``k`` at ``batch``
     (kernel.tactic.gated_problems), else the nearest that can: the weight as A, its tile rounded up to whole 16-row
     gate groups (a streaming folded tile keeps its fold: its slot of 32 or 16 rows holds the rounded tile), its
     activation tile and K boxes kept where they fit, as many stages as fit, and letting the next launch in as it
-    starts where ``tactic`` did and the nearest may (``may_start_dependents_early``). A streaming tile of an odd
-    number of 8-row halves first tries twice its rows with K split in two (over at least 16 activation rows, so
-    that each reduction vector holds a gate pair and its up pair): as many CTAs as ``tactic``, each streaming as
-    many bytes, where rounding up would leave SMs idle.
+    starts where ``tactic`` did and the nearest may (``may_start_dependents_early``). An unsplit streaming tile of
+    an odd number of 8-row halves first tries twice its rows with K split in two, over at least
+    GATED_SPLIT_ACTIVATION_ROWS, where that grid has more CTAs than the rounded one's, fits one wave and leaves each
+    rank two stages of K: as many CTAs as ``tactic`` (3072 rows in 24-row tiles: 128, rounded up 96).
     A weight-as-B tactic that cannot gate becomes 64-row tiles over one activation tile as tall as the tiles that
     shared each of its weight loads, so the weight is still read once; a compute-bound nearest is unfolded and
     splits K as far as its grid still fits one wave, the tensor cores of every SM then working on the batch."""
@@ -549,7 +564,6 @@ def gated_tactic(tactic: SplitKTactic, n: int, batch: int, gpu: GpuSpec = H200) 
     # within 0.15 us of it after glue (M = 16: faster), and 0.2-0.8 us slower back to back (docs/epilogues.md).
     if not gated_problems(tactic):
         return tactic
-    forms = []  # (rows, activation rows, splits, fold) to try in turn
     if tactic.weight_as_b:
         shared = tactic.activation_rows * tactic.weight_sharers
         acts = next((a for a in ACTIVATION_ROWS if a >= shared), ACTIVATION_ROWS[-1])
@@ -557,20 +571,27 @@ def gated_tactic(tactic: SplitKTactic, n: int, batch: int, gpu: GpuSpec = H200) 
     else:
         acts = tactic.activation_rows
         rows = min(math.ceil(tactic.weight_rows / GATE_GROUP_ROWS) * GATE_GROUP_ROWS, WEIGHT_ROWS[-1])
-        if acts < COMPUTE_BOUND_ROWS and tactic.weight_rows % GATE_GROUP_ROWS == GATE_GROUP_ROWS // 2:
-            forms.append((2 * tactic.weight_rows, max(acts, GATED_SPLIT_ACTIVATION_ROWS), (2,), 1))
     splits = HEURISTIC_SPLITS[::-1] if acts >= COMPUTE_BOUND_ROWS else (1,)
-    forms.append((rows, acts, splits, tactic.fold if splits == (1,) else 1))  # a fold takes no split
-    for rows, acts, splits, fold in forms:
-        for split in splits:
-            for boxes in dict.fromkeys((tactic.k_boxes, 1)):
-                nearest = SplitKTactic(rows, acts, split, max_stages(rows, acts, split, boxes, fold=fold),
-                                       k_boxes=boxes, fold=fold)
-                # Two stages leave one in flight: a split tile must keep the pipeline as deep as the heuristic's.
-                if nearest.valid and not gated_problems(nearest) and (
-                        split == 1 or (nearest.stages >= MIN_STAGES and waves(nearest, n, batch, gpu) == 1)):
-                    return as_tactic(starting_dependents_early(nearest, gpu) if tactic.dependents_at_start
-                                     else nearest)
+    rounded = GatedForm(rows, acts, tactic.fold if splits == (1,) else 1, splits,  # a fold takes no split
+                        tuple(dict.fromkeys((tactic.k_boxes, 1))))
+    forms = [rounded]
+    if (not tactic.weight_as_b and tactic.split == 1 and acts < COMPUTE_BOUND_ROWS
+            and tactic.weight_rows % GATE_GROUP_ROWS == GATE_GROUP_ROWS // 2):
+        paired = GatedForm(2 * tactic.weight_rows, max(acts, GATED_SPLIT_ACTIVATION_ROWS), 1, (2,), GATED_SPLIT_BOXES)
+        if (grid_ctas(SplitKTactic(paired.rows, paired.acts, 2, 2), n, batch)
+                > grid_ctas(SplitKTactic(rounded.rows, rounded.acts, 1, 2), n, batch)):
+            forms.insert(0, paired)
+    for form in forms:
+        for split, boxes in itertools.product(form.splits, form.boxes):
+            nearest = SplitKTactic(form.rows, form.acts, split,
+                                   max_stages(form.rows, form.acts, split, boxes, fold=form.fold), k_boxes=boxes,
+                                   fold=form.fold)
+            # Two stages leave one in flight: a split tile must keep the pipeline as deep as the heuristic's, and
+            # each rank two stages of K.
+            if nearest.valid and not gated_problems(nearest) and (split == 1 or (
+                    nearest.stages >= MIN_STAGES and waves(nearest, n, batch, gpu) == 1
+                    and nearest.k_slice(k, rank=0).stages >= 2)):
+                return as_tactic(starting_dependents_early(nearest, gpu) if tactic.dependents_at_start else nearest)
     raise ValueError(f"no gated tactic near {tactic}")
 
 
@@ -584,11 +605,11 @@ def gated_candidates(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> list[Sp
     (``may_start_dependents_early``)."""
     # gated_tactic maps the table's pick to the nearest tile that can gate: these are for timing to choose among.
     found = []
+    covering = activation_rows_for(batch)
     forms = [(1, fold) for fold in FOLDS] + [(2, 1)]  # (split, fold): a fold takes no split
     for rows, (split, fold) in itertools.product(
             [rows for rows in WEIGHT_ROWS_AS_A if rows % GATE_GROUP_ROWS == 0], forms):
-        acts = activation_rows_for(batch)
-        acts = acts if split == 1 else max(acts, GATED_SPLIT_ACTIVATION_ROWS)
+        acts = covering if split == 1 else max(covering, GATED_SPLIT_ACTIVATION_ROWS)
         # Where every CTA has an SM anyway, room for two only costs stages.
         sharing = (1, 2) if grid_ctas(SplitKTactic(rows, acts, split, 2), n, batch) > gpu.sm_count else (1,)
         for boxes in K_BOXES:
