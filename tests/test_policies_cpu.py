@@ -14,8 +14,8 @@ from decode_projection.policy import policies, tables
 from decode_projection.policy.policies import (
     COMPUTE_BOUND_ROWS, LOADED_LATENCY_US, MIN_FILLING_ROWS, STREAMING_STAGE_BYTES, activation_rows_for,
     activation_tile_choices, covering_rows, covering_tile_grid, default_tactic, filling_tactic, folded_tactic,
-    grid_ctas, one_wave_tactic, predicted_time_us, resolve_policies, shared_weight_tactic, split_rule_tactic,
-    unsplit_k_tactic, waves, weight_bytes_in_flight,
+    grid_ctas, more_sms_as_b_tactic, one_wave_tactic, predicted_time_us, resolve_policies, shared_weight_tactic,
+    split_rule_tactic, unsplit_k_tactic, waves, weight_bytes_in_flight,
 )
 from decode_projection.policy.workload import DECODE_BATCHES, KIMI_K3_SHAPES
 from decode_projection.runtime.gpu import H100, H200, KNOWN_GPUS, GpuSpec, device_index
@@ -595,6 +595,25 @@ def test_short_filling_tiles_only_where_they_keep_the_read_ceiling_in_flight():
     # In flight: each resident CTA's stages, at most its rank's K tiles, of weight rows.
     assert weight_bytes_in_flight(SplitKTactic(16, 32, 1, 9, k_boxes=2), 2112, 7168, 32) == 132 * 9 * 16 * 128 * 2
     assert weight_bytes_in_flight(SplitKTactic(64, 32, 1, 18), 3072, 128, 32) == 48 * 2 * 64 * 64 * 2
+
+
+def test_weights_no_one_wave_grid_fits_to_the_sms_take_one_weight_as_b_tile_per_sm():
+    # 6288 x 7168: the one-wave grid is 50 tiles of 128 rows split 2 (100 CTAs); 131 tiles of 48 rows as B run more,
+    # unsplit, at M = 128 and 192 on both cards. At M = 96 the weight as B would pad the batch, at M = 256 the
+    # shared-weight rule comes first.
+    for gpu in KNOWN_GPUS.values():
+        for batch in (128, 192):
+            pick = default_tactic(6288, 7168, batch, gpu)
+            assert pick == more_sms_as_b_tactic(6288, 7168, batch, gpu), f"M={batch}"
+            assert (pick.weight_rows, pick.activation_rows, pick.split, pick.weight_as_b) == (48, batch, 1, True)
+            assert grid_ctas(pick, 6288, batch) == 131 and waves(pick, 6288, batch, gpu) == 1
+            assert candidates.rule_twins(pick, 6288, 7168, batch, gpu) == [one_wave_tactic(6288, 7168, batch, gpu)]
+        assert more_sms_as_b_tactic(6288, 7168, 96, gpu) is None
+        assert default_tactic(6288, 7168, 256, gpu) == shared_weight_tactic(6288, 7168, 256, gpu)
+        # Tiles under MIN_SHARED_WEIGHT_ROWS (2112 rows: 16 a tile), or no more CTAs than the one-wave grid (7168
+        # and 8448 rows: 112 and 132 either way): the one-wave rule.
+        for n in (2112, 7168, 8448):
+            assert more_sms_as_b_tactic(n, 7168, 128, gpu) is None, n
 
 
 def test_weights_too_short_along_k_to_split_take_one_weight_as_b_tile_per_sm():

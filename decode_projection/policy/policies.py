@@ -58,7 +58,7 @@ LOADED_LATENCY_US = 1.3
 MIN_FOLDED_WEIGHT_ROWS = 3 * WGMMA_ROWS // 4
 MOST_FOLDED_ACTIVATION_ROWS = WGMMA_ROWS // 2  # the fold's activation slots, at most half the weight's tile
 SHARED_WEIGHT_PAIRS = 2  # activation tiles of 128 rows sharing each weight tile at M = 193-256
-MIN_SHARED_WEIGHT_ROWS = 48  # narrower weight tiles shared that way lost to the one-wave rule
+MIN_SHARED_WEIGHT_ROWS = 48  # narrower weight-as-B tiles, shared that way or one per SM, lost to the one-wave rule
 ACTIVATION_SHARERS = (4, 2)  # weight tiles sharing an activation load in one-wave grids, the most first
 MOST_SHARING_SPLIT = 2  # larger splits with sharing make clusters of 8, which lost
 MOST_CTAS_PER_SM = 6  # enough for a 64-row, split-2 grid of the largest shape to fit in one wave
@@ -99,7 +99,8 @@ def default_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200, *, batch_inv
         return pinned_tactic(n, k, batch, order, gpu)
     if acts >= COMPUTE_BOUND_ROWS and not batch_invariant:
         return (short_k_tactic(n, k, batch, gpu) or shared_weight_tactic(n, k, batch, gpu)
-                or unsplit_k_tactic(n, k, batch, gpu) or one_wave_tactic(n, k, batch, gpu))
+                or unsplit_k_tactic(n, k, batch, gpu) or more_sms_as_b_tactic(n, k, batch, gpu)
+                or one_wave_tactic(n, k, batch, gpu))
     filling = None if batch_invariant else folded_tactic(n, k, batch, gpu) or filling_tactic(n, k, batch, gpu)
     if filling is not None:
         return starting_dependents_early(filling, gpu)
@@ -298,6 +299,26 @@ def unsplit_k_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKT
             or math.ceil(n / WGMMA_ROWS) >= COVERING_TILE_FILL * gpu.sm_count):
         return None
     return tile_per_sm_as_b(n, batch, gpu, multiple=8)
+
+
+def more_sms_as_b_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTactic | None:
+    """For compute-bound batches: one unsplit tile per SM with the weight as B (``tile_per_sm_as_b``) over exactly
+    the batch's covering activation tile, where its tiles hold at least MIN_SHARED_WEIGHT_ROWS rows and run more CTAs
+    than the one-wave rule's grid, else None."""
+    # The one-wave grid keeps to HEURISTIC_WEIGHT_ROWS tiles, and some weights fit none of them to the SMs: 6288 x
+    # 7168 at M = 128-192 takes 50 tiles of 128 rows split 2 (100 CTAs), where 131 tiles of 48 rows as B put every SM
+    # to work, unsplit. Those ran the best timed tactic in 5 of 6 H100 tunes (2026-12-06/07; the pick 1.007-1.109x;
+    # the full tune's M=192: 1.034x against the pick's 1.007x) and faster than the pick in all 6 H200 cells timed
+    # both ways (1.000-1.103x against 1.018-1.252x). Narrower tiles lose as B (2112 x 7168's 16 rows per SM, 132 CTAs
+    # against 99: 1.20-1.41x on the H100, 1.37x on the H200), and where one tile per SM runs no more CTAs than the
+    # one-wave grid (7168 and 8448 rows: 112 and 132) the grid is kept. At M = 96 the weight as B would pad the batch
+    # to 128 rows (6288 x 7168: 1.22-1.53x on both cards).
+    tall = tile_per_sm_as_b(n, batch, gpu)
+    if (tall is None or tall.activation_rows != activation_rows_for(batch)
+            or tall.weight_rows < MIN_SHARED_WEIGHT_ROWS):
+        return None
+    grid = replace(one_wave_tactic(n, k, batch, gpu), multicast=1)
+    return tall if grid_ctas(tall, n, batch) > grid_ctas(grid, n, batch) else None
 
 
 def one_wave_tactic(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> SplitKTactic:

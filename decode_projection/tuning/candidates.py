@@ -13,7 +13,7 @@ batches the reserved slots alone exceed 8: the H200 tables were tuned with 12 to
    pick's one-box twin where it has wide stages), unless an order pins the split and K boxes;
    then a streaming pick's twin in the other of splits 3 and 4 (SPLIT_TWIN_CANDIDATES), and a 64-row split-rule
    pick's twin in the 128-row tiles the rule turned away from at wide activation tiles, a short filling pick's in
-   the split rule's tiles, and an unsplit-K pick's in the one-wave rule's (``rule_twins``).
+   the split rule's tiles, and an unsplit-K or more-SMs weight-as-B pick's in the one-wave rule's (``rule_twins``).
 3. SHARED_LOAD_CANDIDATES: the first with its activation tile multicast to 2 and 4
    weight tiles, from SHARED_LOAD_ROWS activation rows on (multicast never changes
    the sums), unless rounding the tiles up to whole groups would push a one-wave
@@ -48,8 +48,8 @@ from ..kernel.tactic import (
 from ..policy.policies import (
     COMPUTE_BOUND_ROWS, HEURISTIC_WEIGHT_ROWS, MIN_FILLING_ROWS, MIN_STAGES, MOST_CTAS_PER_SM,
     activation_rows_for, activation_tile_choices, covering_rows, ctas_per_sm, default_tactic, filling_tactic,
-    largest_split, may_start_dependents_early, one_wave_tactic, predicted_time_us, split_rule_tactic,
-    stages_sharing_an_sm, unsplit_k_tactic, waves,
+    largest_split, may_start_dependents_early, more_sms_as_b_tactic, one_wave_tactic, predicted_time_us,
+    split_rule_tactic, stages_sharing_an_sm, unsplit_k_tactic, waves,
 )
 from ..runtime.gpu import H200, GpuSpec
 from ..runtime.sm90 import PORTABLE_CLUSTER, WGMMA_ROWS
@@ -266,11 +266,12 @@ def rule_twins(pick: SplitKTactic, n: int, k: int, batch: int, gpu: GpuSpec = H2
     """What the heuristic's rules turned away from, so that the timings keep judging them: where ``pick`` is the
     split rule's with 64-row tiles at a wide activation tile, its pick without that (``split_rule_tactic(...,
     wide_rule=False)``); where ``pick`` is a filling tile under MIN_FILLING_ROWS rows, the split rule's pick; where
-    ``pick`` is ``unsplit_k_tactic``'s, the one-wave rule's."""
+    ``pick`` is ``unsplit_k_tactic``'s or ``more_sms_as_b_tactic``'s, the one-wave rule's."""
     if order is not None:
         twins = []
     elif pick.activation_rows >= COMPUTE_BOUND_ROWS:
-        twins = [one_wave_tactic(n, k, batch, gpu)] if pick == unsplit_k_tactic(n, k, batch, gpu) else []
+        turned_away = pick in (unsplit_k_tactic(n, k, batch, gpu), more_sms_as_b_tactic(n, k, batch, gpu))
+        twins = [one_wave_tactic(n, k, batch, gpu)] if turned_away else []
     elif pick == split_rule_tactic(n, k, batch, gpu):
         twins = [split_rule_tactic(n, k, batch, gpu, wide_rule=False)]
     elif pick.weight_rows < MIN_FILLING_ROWS and pick == filling_tactic(n, k, batch, gpu):
