@@ -597,19 +597,27 @@ def test_short_filling_tiles_only_where_they_keep_the_read_ceiling_in_flight():
     assert weight_bytes_in_flight(SplitKTactic(64, 32, 1, 18), 3072, 128, 32) == 48 * 2 * 64 * 64 * 2
 
 
+def assert_one_weight_as_b_tile_per_sm(rule, n, k, gpu, *, rows, ctas):
+    """``rule`` picks the heuristic's tactic for ``n`` x ``k`` at M = 128 and 192: one unsplit ``rows``-row tile per
+    SM with the weight as B over the batch (``ctas`` of them, one wave), the one-wave rule's grid it turned away from
+    still timed (``candidates.rule_twins``); not at M = 96 (the weight as B would pad the batch), and at M = 256 the
+    shared-weight rule comes first."""
+    for batch in (128, 192):
+        pick = default_tactic(n, k, batch, gpu)
+        assert pick == rule(n, k, batch, gpu), f"M={batch}"
+        assert (pick.weight_rows, pick.activation_rows, pick.split, pick.weight_as_b) == (rows, batch, 1, True)
+        assert grid_ctas(pick, n, batch) == ctas and waves(pick, n, batch, gpu) == 1
+        assert candidates.rule_twins(pick, n, k, batch, gpu) == [one_wave_tactic(n, k, batch, gpu)]
+    assert rule(n, k, 96, gpu) is None
+    assert default_tactic(n, k, 256, gpu) == shared_weight_tactic(n, k, 256, gpu)
+
+
 def test_weights_no_one_wave_grid_fits_to_the_sms_take_one_weight_as_b_tile_per_sm():
     # 6288 x 7168: the one-wave grid is 50 tiles of 128 rows split 2 (100 CTAs); 131 tiles of 48 rows as B run more,
     # unsplit, at M = 128 and 192 on both cards. At M = 96 the weight as B would pad the batch, at M = 256 the
     # shared-weight rule comes first.
     for gpu in KNOWN_GPUS.values():
-        for batch in (128, 192):
-            pick = default_tactic(6288, 7168, batch, gpu)
-            assert pick == more_sms_as_b_tactic(6288, 7168, batch, gpu), f"M={batch}"
-            assert (pick.weight_rows, pick.activation_rows, pick.split, pick.weight_as_b) == (48, batch, 1, True)
-            assert grid_ctas(pick, 6288, batch) == 131 and waves(pick, 6288, batch, gpu) == 1
-            assert candidates.rule_twins(pick, 6288, 7168, batch, gpu) == [one_wave_tactic(6288, 7168, batch, gpu)]
-        assert more_sms_as_b_tactic(6288, 7168, 96, gpu) is None
-        assert default_tactic(6288, 7168, 256, gpu) == shared_weight_tactic(6288, 7168, 256, gpu)
+        assert_one_weight_as_b_tile_per_sm(more_sms_as_b_tactic, 6288, 7168, gpu, rows=48, ctas=131)
         # Tiles under MIN_SHARED_WEIGHT_ROWS (2112 rows: 16 a tile), or no more CTAs than the one-wave grid (7168
         # and 8448 rows: 112 and 132 either way): the one-wave rule.
         for n in (2112, 7168, 8448):
@@ -621,16 +629,9 @@ def test_weights_too_short_along_k_to_split_take_one_weight_as_b_tile_per_sm():
     # at M = 128 and 192 one 24-row tile per SM with the weight as B on both cards, not the split grid; at M = 96 the
     # weight as B would pad the batch (the one-wave rule stays), at M = 256 the shared-weight rule comes first.
     for gpu in KNOWN_GPUS.values():
+        assert_one_weight_as_b_tile_per_sm(unsplit_k_tactic, 2304, 1536, gpu, rows=24, ctas=96)
         for batch in (128, 192):
-            pick = default_tactic(2304, 1536, batch, gpu)
-            assert pick == unsplit_k_tactic(2304, 1536, batch, gpu), f"M={batch}"
-            assert (pick.weight_rows, pick.activation_rows, pick.split, pick.weight_as_b) == (24, batch, 1, True)
-            assert grid_ctas(pick, 2304, batch) == 96 and waves(pick, 2304, batch, gpu) == 1
-            # The one-wave rule's split grid it turned away from stays timed.
-            assert candidates.rule_twins(pick, 2304, 1536, batch, gpu) == [one_wave_tactic(2304, 1536, batch, gpu)]
             assert one_wave_tactic(2304, 1536, batch, gpu) in candidate_tactics(2304, 1536, batch, gpu, limit=12)
-        assert unsplit_k_tactic(2304, 1536, 96, gpu) is None
-        assert default_tactic(2304, 1536, 256, gpu) == shared_weight_tactic(2304, 1536, 256, gpu)
         # K long enough to split (7168), or 64-row tiles that fill the SMs unsplit (7168 rows): the other rules.
         assert unsplit_k_tactic(2304, 7168, 128, gpu) is None and unsplit_k_tactic(7168, 1536, 128, gpu) is None
 

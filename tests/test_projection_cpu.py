@@ -802,7 +802,8 @@ def test_the_nearest_gated_tactic_keeps_what_it_can():
 
     assert gated_tactic(SplitKTactic(64, 8, 1, 6, k_boxes=4), 3072, 7168, 8) == SplitKTactic(64, 8, 1, 6, k_boxes=4)
     # Split K gates where its reduction vectors are 4 wide.
-    assert gated_tactic(SplitKTactic(128, 64, 4, 4, k_boxes=2), 3072, 7168, 64) == SplitKTactic(128, 64, 4, 4, k_boxes=2)
+    split = SplitKTactic(128, 64, 4, 4, k_boxes=2)
+    assert gated_tactic(split, 3072, 7168, 64) == split
     # A streaming folded tile rounded up to whole groups stays folded (its slot holds them); a compute-bound one
     # unfolds, to split K where that fills a wave. (8448 rows: twice an odd tile's rows split in two run past a wave.)
     for tactic, fold in [(SplitKTactic(24, 8, 1, 11, k_boxes=2, fold=2), 2), (SplitKTactic(64, 8, 2, 6, k_boxes=2), 1),
@@ -815,7 +816,8 @@ def test_the_nearest_gated_tactic_keeps_what_it_can():
                                             fold=fold)
     # An early start survives where the nearest tile may start early, on either card.
     for gpu in (H100, H200):
-        early = gated_tactic(SplitKTactic(24, 8, 1, 11, k_boxes=2, dependents_at_start=True, fold=2), 8448, 7168, 8, gpu)
+        early = gated_tactic(SplitKTactic(24, 8, 1, 11, k_boxes=2, dependents_at_start=True, fold=2), 8448, 7168, 8,
+                             gpu)
         assert early == SplitKTactic(32, 8, 1, 11, k_boxes=2, dependents_at_start=True, fold=2)
         assert not gated_tactic(SplitKTactic(48, 64, 2, 6, k_boxes=2), 3072, 7168, 64, gpu).dependents_at_start
 

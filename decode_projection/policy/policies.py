@@ -552,7 +552,8 @@ def resolve_policies(n, k, batches, *, gpu: GpuSpec, weight_dtype, output_dtype,
 # from 16 activation rows on; rows past the batch are zero-filled by TMA, not read.
 GATED_SPLIT_ACTIVATION_ROWS = 16
 # K boxes per stage of such a tile: 3072 x 7168's (48,16,2) tiles at M = 1 took 14.87 / 16.22 us back to back /
-# after glue in 2-box stages, 15.21 / 16.59 in 4-box ones (H100, docs/measurements/2026-12-07-probe-gated-split-h100.txt).
+# after glue in 2-box stages, 15.21 / 16.59 in 4-box ones (H100,
+# docs/measurements/2026-12-07-probe-gated-split-h100.txt).
 GATED_SPLIT_BOXES = (2, 1)
 
 
@@ -631,8 +632,8 @@ def gated_candidates(n: int, k: int, batch: int, gpu: GpuSpec = H200) -> list[Sp
     for rows, (split, fold) in itertools.product(
             [rows for rows in WEIGHT_ROWS_AS_A if rows % GATE_GROUP_ROWS == 0], forms):
         acts = covering if split == 1 else max(covering, GATED_SPLIT_ACTIVATION_ROWS)
-        # Where every CTA has an SM anyway, room for two only costs stages.
-        sharing = (1, 2) if grid_ctas(SplitKTactic(rows, acts, split, 2), n, batch) > gpu.sm_count else (1,)
+        # Where every CTA has an SM anyway, room for two only costs stages (a split grid keeps to one wave anyway).
+        sharing = (1, 2) if split == 1 and grid_ctas(SplitKTactic(rows, acts, 1, 2), n, batch) > gpu.sm_count else (1,)
         for boxes in K_BOXES:
             for per_sm in sharing:
                 stages = stages_sharing_an_sm(rows, acts, split, boxes, per_sm=per_sm, gpu=gpu, fold=fold)
