@@ -257,7 +257,7 @@ def check_residual(residual, out, x, weight):
     same = residual.data_ptr() == out.data_ptr() and (residual.stride(0) == out.stride(0) or out.shape[0] == 1)
     if not same and overlaps(residual, out):
         raise ValueError("projection residual overlaps the output without being it (in place, pass out itself)")
-    if overlaps(residual, x) or overlaps(residual, weight):
+    if overlaps(residual, x, weight):
         raise ValueError("projection residual overlaps its input or weight")
 
 
@@ -620,7 +620,7 @@ class PreparedProjection:
             raise ValueError(f"projection output must be {(batch, n)}, got {describe(out)}")
         if out.stride(0) < n and batch > 1:
             raise ValueError(f"projection output rows overlap: {describe(out)}")
-        if overlaps(out, x) or overlaps(out, weight):
+        if overlaps(out, x, weight):
             raise ValueError("projection output overlaps its input or weight")
 
     def _check_epilogue(self, x, out, residual, launchable):

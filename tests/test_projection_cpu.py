@@ -203,14 +203,14 @@ def test_prepare_in_another_thread_waits_for_a_launch_under_way(prepared, monkey
     prepared.kernels.update({batch: (lambda *args, batch=batch: launched.append(batch)) for batch in prepared.kernels})
     checked = projection.overlaps
 
-    def prepare_elsewhere_once_checked(a, b):
+    def prepare_elsewhere_once_checked(tensor, *others):
         # Another thread re-prepares without batch 4 between this run's checks and its launch.
         monkeypatch.setattr(projection, "overlaps", checked)
         prepared.policies = {16: SplitKTactic(64, 16, 1, 4)}
         preparing = threading.Thread(target=prepared.prepare)
         preparing.start()
         preparing.join(timeout=0.5)
-        return checked(a, b)
+        return checked(tensor, *others)
 
     monkeypatch.setattr(projection, "overlaps", prepare_elsewhere_once_checked)
     x, out = torch.randn(4, 512, dtype=torch.bfloat16), torch.empty(4, 256, dtype=torch.bfloat16)
@@ -285,6 +285,11 @@ def test_overlap_is_exact_for_equally_pitched_rows():
     x_and_out = torch.empty(4, 768, dtype=torch.bfloat16)
     assert not projection.overlaps(x_and_out[:, :512], x_and_out[:, 512:])
     assert projection.overlaps(x_and_out[:, :513], x_and_out[:, 512:])
+    # A 1-D tensor is one row; several others: whether any of them overlaps.
+    elements = x_and_out.view(-1)
+    assert projection.overlaps(x_and_out[1:2, :8], elements[768:776])
+    assert not projection.overlaps(x_and_out[1:2], elements[:768], elements[1536:])
+    assert projection.overlaps(x_and_out[1:2], elements[:768], elements[1535:1543])
 
 
 def test_reprepare_checks_what_was_replaced_as_the_constructor_does(prepared):

@@ -24,7 +24,7 @@ import cutlass.cute as cute
 import torch
 from cuda.bindings import driver
 
-from ..runtime import architecture, describe, overlaps, pointer
+from ..runtime import architecture, byte_rows, describe, pointer, rows_overlap
 from ..runtime.call_slots import CallSlots
 
 VECTOR = 8  # 16-bit elements per 16-byte load or store
@@ -134,21 +134,17 @@ def check_writable(op, name, tensor):
                          "(pass one that does not, or run under torch.no_grad())")
 
 
-def same_elements(a, b):
-    """Whether two 2-D tensors are the very same elements (one buffer passed twice)."""
-    if a.data_ptr() != b.data_ptr() or a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    return a.shape[0] <= 1 or a.stride(0) == b.stride(0)
-
-
 def check_no_overlap(op, written, others):
     """Raise a ValueError if the output ``written`` = (name, tensor) shares a byte with any of ``others``
-    (name, tensor, exact_alias_allowed) other than by being exactly that tensor where that is allowed."""
+    (name, tensor, exact_alias_allowed) other than by being exactly that tensor where that is allowed: the same
+    bytes in the same rows (the operands' dtypes are checked alike before)."""
     name, tensor = written
+    mine = byte_rows(tensor)
     for other_name, other, alias_allowed in others:
-        if alias_allowed and same_elements(tensor, other):
+        theirs = byte_rows(other)
+        if alias_allowed and theirs == mine:
             continue
-        if overlaps(tensor, other if other.dim() == 2 else other.view(1, -1)):
+        if rows_overlap(mine, theirs):
             allowed = " (it may only be exactly that tensor)" if alias_allowed else ""
             raise ValueError(f"{op} {name} overlaps its {other_name}{allowed}")
 

@@ -107,21 +107,31 @@ def describe(tensor):
     return f"{tuple(tensor.shape)} {tensor.dtype} strides {tensor.stride()} on {tensor.device}"
 
 
-def overlaps(a, b):
-    """Whether two 2-D tensors of unit column stride share a byte: exactly where their rows are equally pitched
-    (column slices of one buffer do not overlap), else whether their byte spans intersect."""
-    # Runs on every launch: each tensor property is read once (about 0.1 us apiece).
-    (a_rows, a_cols), (b_rows, b_cols) = a.shape, b.shape
-    a_size, b_size = a.element_size(), b.element_size()
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    a_width, b_width = a_cols * a_size, b_cols * b_size
-    a_pitch = a.stride(0) * a_size if a_rows > 1 else None
-    b_pitch = b.stride(0) * b_size if b_rows > 1 else None
-    a1 = a0 + (a_rows - 1) * (a_pitch or 0) + a_width
-    b1 = b0 + (b_rows - 1) * (b_pitch or 0) + b_width
+def byte_rows(tensor) -> tuple:
+    """The bytes a 2-D tensor of unit column stride (or a contiguous 1-D one, as a single row) covers: its first
+    byte, one past its last, its rows, their pitch in bytes (None for a single row, whose pitch is never used) and
+    each row's width in bytes. A plain tuple: it is built for every operand of every launch."""
+    # Each tensor property is read once (about 0.1 us apiece).
+    start, size = tensor.data_ptr(), tensor.element_size()
+    if tensor.dim() == 1:
+        width = tensor.shape[0] * size
+        return start, start + width, 1, None, width
+    rows, cols = tensor.shape
+    width = cols * size
+    if rows <= 1:
+        return start, start + width, rows, None, width
+    pitch = tensor.stride(0) * size
+    return start, start + (rows - 1) * pitch + width, rows, pitch, width
+
+
+def rows_overlap(a: tuple, b: tuple) -> bool:
+    """Whether two ``byte_rows`` share a byte: exactly where their rows are equally pitched (column slices of one
+    buffer do not overlap), else whether their byte spans intersect."""
+    a0, a1, a_rows, a_pitch, a_width = a
+    b0, b1, b_rows, b_pitch, b_width = b
     if not (a0 < b1 and b0 < a1):
         return False
-    pitch = a_pitch or b_pitch or max(a_width, b_width)  # a single row's pitch is never used
+    pitch = a_pitch or b_pitch or max(a_width, b_width)
     if a_pitch in (None, pitch) and b_pitch in (None, pitch) and max(a_width, b_width) <= pitch:
         # Row i of a and row j of b share a byte iff -b_width < (b0 - a0) + (j - i) * pitch < a_width.
         offset = b0 - a0
@@ -129,6 +139,15 @@ def overlaps(a, b):
         highest = min(-((offset - a_width) // pitch) - 1, b_rows - 1)
         return lowest <= highest
     return True
+
+
+def overlaps(tensor, *others) -> bool:
+    """Whether ``tensor`` shares a byte with any of ``others`` (tensors as ``byte_rows`` takes them)."""
+    mine = byte_rows(tensor)
+    for other in others:
+        if rows_overlap(mine, byte_rows(other)):
+            return True
+    return False
 
 
 def capturing() -> bool:
