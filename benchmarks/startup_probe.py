@@ -6,7 +6,7 @@ on a Hopper GPU, what the projection pays there and why:
 1. ``launch``: an empty kernel after a small plain glue kernel, timed (cold, CUDA-graph replay, the
    glue's own time subtracted) and stamped (first and last CTA entry after the glue's last CTA ended),
    for each launch property the projection has: dynamic shared memory, a cluster, programmatic
-   dependent launch, the block size.
+   dependent launch, the block size; a few of them also after a glue asking for the most shared memory.
 2. ``timeline``: the projection itself, a subclass of SplitKGemm writing ``%globaltimer`` at kernel entry,
    first weight TMA issued, producer past ``griddepcontrol.wait``, consumer start, first stage full,
    epilogue start and exit, per CTA, after the plain glue, after a PDL glue and after the plain glue then
@@ -88,15 +88,17 @@ def cta_slot():
 class StampedGlue:
     """``data += 1`` over fp32 ``data``, then its CTAs' end time into ``glue_end`` (maximum); ``pdl``: launched with
     programmatic dependent launch, waiting on its predecessor and triggering its dependents at once, as PDL-aware
-    norms do. ``trailing``: stamps only its first CTA's start, as ``next_start``: the glue after a stamped kernel."""
+    norms do. ``trailing``: stamps only its first CTA's start, as ``next_start``: the glue after a stamped kernel.
+    ``carveout``: its launch's shared-memory carveout hint (percent; None: the driver's choice, most of the SM's
+    memory as L1 for a kernel without shared memory)."""
 
-    def __init__(self, address, pdl, trailing=False):
-        self.address, self.pdl, self.trailing = address, pdl, trailing
+    def __init__(self, address, pdl, trailing=False, carveout=None):
+        self.address, self.pdl, self.trailing, self.carveout = address, pdl, trailing, carveout
 
     @cute.jit
     def __call__(self, data: cute.Tensor, stream):
         self.kernel(data).launch(grid=(cute.ceil_div(data.shape[0], 256), 1, 1), block=(256, 1, 1), stream=stream,
-                                 use_pdl=self.pdl)
+                                 use_pdl=self.pdl, preferred_smem_carveout=self.carveout)
 
     @cute.kernel
     def kernel(self, data: cute.Tensor):
@@ -278,34 +280,48 @@ def replay_stamps(stamps, pair, copies=1, repeats=20, after=None):
             for event, samples in found.items() if samples}
 
 
-def launch_probes(stamps, glue, ctas):
-    """Stamps and times of the empty kernel per launch property, after the plain glue."""
+LAUNCH_VARIANTS = {  # name: LaunchProbe options
+    "bare": dict(smem=0, cluster=1, threads=128, pdl=False),
+    "smem 200 KB": dict(smem=200 * 1024, cluster=1, threads=128, pdl=False),
+    "smem 100 KB": dict(smem=100 * 1024, cluster=1, threads=128, pdl=False),
+    "smem 200 KB carveout 100": dict(smem=200 * 1024, cluster=1, threads=128, pdl=False, carveout=100),
+    "cluster 2": dict(smem=0, cluster=2, threads=128, pdl=False),
+    "cluster 4": dict(smem=0, cluster=4, threads=128, pdl=False),
+    "pdl": dict(smem=0, cluster=1, threads=128, pdl=True),
+    "384 threads": dict(smem=0, cluster=1, threads=384, pdl=False),
+    "projection-like (200 KB, cluster 4, pdl, 160 threads)":
+        dict(smem=200 * 1024, cluster=4, threads=160, pdl=True),
+}
+
+# After a plain glue an empty kernel with 100-200 KB of shared memory entered 0.19 us later than one without, and
+# not back to back (H100, docs/launch-contexts.md): if that is the SM's L1/shared split changing from the glue's,
+# a glue asking for the most shared memory (carveout 100) should take it away. These variants run after that glue
+# too; their results' names end in MAX_SHARED_GLUE.
+AFTER_MAX_SHARED_GLUE = ("bare", "smem 200 KB", "projection-like (200 KB, cluster 4, pdl, 160 threads)")
+MAX_SHARED_GLUE = ", after a carveout-100 glue"
+
+
+def launch_probes(stamps, glue, ctas, max_shared_glue=None):
+    """Stamps and times of the empty kernel per launch property, after the plain glue, and those of
+    AFTER_MAX_SHARED_GLUE after ``max_shared_glue`` too (where given)."""
     address, stream = stamps.data_ptr(), lambda: current_stream(stamps.device)
-    variants = {
-        "bare": dict(smem=0, cluster=1, threads=128, pdl=False),
-        "smem 200 KB": dict(smem=200 * 1024, cluster=1, threads=128, pdl=False),
-        "smem 100 KB": dict(smem=100 * 1024, cluster=1, threads=128, pdl=False),
-        "smem 200 KB carveout 100": dict(smem=200 * 1024, cluster=1, threads=128, pdl=False, carveout=100),
-        "cluster 2": dict(smem=0, cluster=2, threads=128, pdl=False),
-        "cluster 4": dict(smem=0, cluster=4, threads=128, pdl=False),
-        "pdl": dict(smem=0, cluster=1, threads=128, pdl=True),
-        "384 threads": dict(smem=0, cluster=1, threads=384, pdl=False),
-        "projection-like (200 KB, cluster 4, pdl, 160 threads)":
-            dict(smem=200 * 1024, cluster=4, threads=160, pdl=True),
-    }
+    runs = [(name, options, glue, "") for name, options in LAUNCH_VARIANTS.items()]
+    if max_shared_glue is not None:
+        runs += [(name, LAUNCH_VARIANTS[name], max_shared_glue, MAX_SHARED_GLUE) for name in AFTER_MAX_SHARED_GLUE]
     results = {}
-    for name, options in variants.items():
+    for name, options, before, suffix in runs:
         code = cute.compile(LaunchProbe(address, **options), cutlass.Int32(1), make_fake_stream(),
                             options="--gpu-arch=sm_90a")
         launch = lambda i, code=code: code(cutlass.Int32(ctas), stream())  # noqa: E731
-        results[name] = {
-            "stamps": replay_stamps(stamps, lambda i: (glue(), launch(0))),
-            "us_after_glue": interleaved_time_us({0: launch}, 2, separators={0: glue})[0],
+        key = name + suffix
+        results[key] = {
+            "stamps": replay_stamps(stamps, lambda i, before=before, launch=launch: (before(), launch(0))),
+            "us_after_glue": interleaved_time_us({0: launch}, 2, separators={0: before})[0],
             "us_chain": interleaved_time_us({0: launch}, 2)[0],
         }
-        print(f"launch {name:55s} after glue {results[name]['us_after_glue']:6.2f} us, chain "
-              f"{results[name]['us_chain']:6.2f} us; entry after glue end (first, median, last) "
-              f"{fmt(results[name]['stamps'].get('entry'))}", flush=True)
+        print(f"launch {key:55s} after glue {results[key]['us_after_glue']:6.2f} us, chain "
+              f"{results[key]['us_chain']:6.2f} us; entry after glue end (first, median, last) "
+              f"{fmt(results[key]['stamps'].get('entry'))}", flush=True)
     return results
 
 
@@ -441,18 +457,19 @@ def main():
     scratch = torch.zeros(GLUE_ELEMENTS, device=device)
     scratch_view = to_cute(scratch).mark_layout_dynamic()
     fake = make_fake_tensor(cutlass.Float32, (cute.sym_int(),), (1,), assumed_align=16)
-    glues = {(pdl, trailing): cute.compile(StampedGlue(stamps.data_ptr(), pdl, trailing), fake, make_fake_stream(),
-                                           options="--gpu-arch=sm_90a")
-             for pdl in (False, True) for trailing in (False, True)}
+    glues = {(pdl, trailing, carveout): cute.compile(StampedGlue(stamps.data_ptr(), pdl, trailing, carveout), fake,
+                                                     make_fake_stream(), options="--gpu-arch=sm_90a")
+             for pdl, trailing, carveout in ((False, False, None), (False, True, None), (True, False, None),
+                                             (True, True, None), (False, False, 100))}
 
-    def glue(pdl, trailing=False):
-        return lambda: glues[pdl, trailing](scratch_view, current_stream(device))
+    def glue(pdl, trailing=False, carveout=None):
+        return lambda: glues[pdl, trailing, carveout](scratch_view, current_stream(device))
     plain_glue = glue(False)
     ctas = torch.cuda.get_device_properties(device).multi_processor_count
     results = {"gpu": torch.cuda.get_device_name(device)}
     parts = args.parts.split(",")
     if "launch" in parts:
-        results["launch"] = launch_probes(stamps, plain_glue, ctas)
+        results["launch"] = launch_probes(stamps, plain_glue, ctas, glue(False, carveout=100))
     if "glue" in parts:
         results["glue"] = glue_durations(stamps, plain_glue)
     if "timeline" in parts:

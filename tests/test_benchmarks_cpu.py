@@ -27,12 +27,13 @@ ADDRESS = 1 << 32  # a stamp buffer's address, baked in as the probe does
 @pytest.mark.slow
 def test_every_probe_kernel_compiles_and_stamps():
     fake = make_fake_tensor(cutlass.Float32, (cute.sym_int(),), (1,), assumed_align=16)
-    for pdl in (False, True):
-        for trailing in (False, True):
-            glue = cute.compile(startup_probe.StampedGlue(ADDRESS, pdl, trailing), fake, make_fake_stream(),
-                                options="--gpu-arch=sm_90a")
-            # The glue before stamps its start and its end; the one after only its start.
-            assert kernel_report(glue).sass.count("GLOBALTIMER") == (1 if trailing else 2)
+    for pdl, trailing, carveout in ((False, False, None), (False, True, None), (True, False, None),
+                                    (True, True, None), (False, False, 100)):
+        glue = cute.compile(startup_probe.StampedGlue(ADDRESS, pdl, trailing, carveout), fake, make_fake_stream(),
+                            options="--gpu-arch=sm_90a")
+        # The glue before stamps its start and its end; the one after only its start.
+        assert kernel_report(glue).sass.count("GLOBALTIMER") == (1 if trailing else 2)
+    assert set(startup_probe.AFTER_MAX_SHARED_GLUE) <= set(startup_probe.LAUNCH_VARIANTS)
     probe = startup_probe.LaunchProbe(ADDRESS, 200 * 1024, 4, 160, True, 100)
     assert kernel_report(cute.compile(probe, cutlass.Int32(1), make_fake_stream(), options="--gpu-arch=sm_90a"))
     tactic = SplitKTactic(128, 8, 3, 13)
