@@ -26,7 +26,8 @@ from .kernel.tactic import GATE_GROUP_ROWS, as_tactic, gated_problems
 from .policy.policies import gated_tactic, resolve_policies
 from .policy.tables import dtype_name
 from .runtime import (
-    architecture, capturing, compile_lock, current_stream_handle, describe, overlaps, pointer, row_pitch, to_cute,
+    architecture, byte_rows, capturing, compile_lock, current_stream_handle, describe, overlaps, pointer, row_pitch,
+    rows_overlap, to_cute,
 )
 from .runtime.call_slots import CallSlots
 from .runtime.disk_cache import cached_compile
@@ -254,8 +255,8 @@ def check_residual(residual, out, x, weight):
         raise ValueError("projection residual requires grad, and autograd does not flow through run(): detach it "
                          "or run under torch.no_grad()")
     # Each output is read and written by one thread: in place is safe, any other overlap with out is a race.
-    same = residual.data_ptr() == out.data_ptr() and (residual.stride(0) == out.stride(0) or out.shape[0] == 1)
-    if not same and overlaps(residual, out):
+    residual_bytes, out_bytes = byte_rows(residual), byte_rows(out)
+    if residual_bytes != out_bytes and rows_overlap(residual_bytes, out_bytes):
         raise ValueError("projection residual overlaps the output without being it (in place, pass out itself)")
     if overlaps(residual, x, weight):
         raise ValueError("projection residual overlaps its input or weight")
